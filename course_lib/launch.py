@@ -1,0 +1,308 @@
+"""Start a group of worker processes that each join one process group, and get their results back.
+
+Every multi-process notebook and test goes through :func:`spawn`. It exists because the usual recipe
+(``mp.spawn`` with a fixed ``MASTER_PORT=12355``) fails in the ways a course cannot afford:
+
+* a worker that raises leaves its peers blocked inside a collective, and the notebook hangs;
+* two notebooks that run at once fight over the same fixed port;
+* a function defined in a notebook cell cannot be sent to a spawned process, and the error that
+  ``pickle`` gives does not say why.
+
+How it works: the parent process hosts the rendezvous store itself (a ``TCPStore`` on a port the
+operating system picks, so two spawns never collide), starts ``world_size`` processes with the
+*spawn* start method, and then watches two things at once: a queue on which every worker reports
+its result or its exception, and the workers' exit codes. The first failure ends the group: every
+other worker is terminated, and the caller gets a :class:`WorkerError` naming the rank.
+
+For multi-node runs, start the same worker code with ``torchrun`` and call :func:`init_from_env`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "WorkerError",
+    "spawn",
+    "pick_backend",
+    "init_from_env",
+    "worker_device",
+    "all_reduce_check",
+]
+
+# How long a terminated worker gets to exit before it is killed.
+_GRACE_S = 3.0
+
+
+class WorkerError(RuntimeError):
+    """A worker raised (or died). ``rank``, ``exc_type`` and ``worker_traceback`` say which and how.
+
+    When the worker's exception could be pickled, it is also attached as ``__cause__``.
+    """
+
+    def __init__(self, rank: int, exc_type: str, message: str, worker_traceback: str = ""):
+        self.rank = rank
+        self.exc_type = exc_type
+        self.message = message
+        self.worker_traceback = worker_traceback
+        text = f"rank {rank} failed with {exc_type}: {message}"
+        if worker_traceback:
+            text += f"\n\nTraceback in rank {rank}:\n{worker_traceback.rstrip()}"
+        super().__init__(text)
+
+
+def pick_backend(world_size: int) -> str:
+    """NCCL when there is one CUDA device per rank, else gloo (which runs on any CPU)."""
+    if torch.cuda.is_available() and torch.cuda.device_count() >= world_size:
+        return "nccl"
+    return "gloo"
+
+
+def worker_device() -> torch.device:
+    """The device this worker should compute on: ``cuda:LOCAL_RANK`` under NCCL, else the CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", dist.get_rank())))
+    return torch.device("cpu")
+
+
+def _check_picklable_by_reference(fn) -> None:
+    # The spawn start method sends a function to a new interpreter by *name*
+    # (module + qualified name); the child imports the module and looks the name up. A lambda,
+    # a nested function, or a function defined in a notebook cell (module ``__main__``, which the
+    # child cannot import) has no such name.
+    if not callable(fn):
+        raise ValueError(f"spawn needs a function, got {type(fn).__name__}")
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", "")
+    where = (
+        "Define it at the top level of a .py module that Python can import (for example in "
+        "course_lib, or in a file next to the notebook) and import it from there."
+    )
+    if "<lambda>" in qualname:
+        raise ValueError(f"spawn cannot send a lambda to a new process. {where}")
+    if "<locals>" in qualname:
+        raise ValueError(f"spawn cannot send the nested function {qualname!r} to a new process. {where}")
+    if module in (None, "__main__", "__mp_main__"):
+        raise ValueError(
+            f"spawn cannot send {qualname or fn!r}: it is defined in __main__ (a notebook cell or "
+            f"a script run directly), which a spawned process cannot import. {where}"
+        )
+
+
+def _validate_backend(backend: str, world_size: int) -> str:
+    if backend == "auto":
+        return pick_backend(world_size)
+    if backend == "nccl":
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpus < world_size:
+            raise ValueError(
+                f"backend='nccl' needs one CUDA GPU per rank: world_size={world_size} but "
+                f"{gpus} GPU(s) are visible. Use backend='gloo' (runs on the CPU), "
+                f"backend='auto', or a smaller world_size."
+            )
+        return backend
+    if backend in ("gloo", "mpi"):
+        return backend
+    raise ValueError(f"unknown backend {backend!r}: use 'auto', 'gloo' or 'nccl'")
+
+
+def _worker(fn, rank, world_size, port, backend, timeout_s, args, results):
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+    )
+    try:
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout=timeout)
+        device_id = None
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+            device_id = torch.device("cuda", rank)
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world_size, timeout=timeout, device_id=device_id
+        )
+        value = fn(rank, world_size, *args)
+        # Pickle to bytes here, so tensors are copied rather than shared through file
+        # descriptors that vanish when this process exits.
+        results.put(("ok", rank, time.time(), pickle.dumps(value)))
+    except BaseException as exc:  # report everything, KeyboardInterrupt included
+        # Report *before* tearing the group down: closing this rank's connections makes its
+        # peers fail too, and the parent should hear about the cause before the consequences.
+        try:
+            exc_bytes = pickle.dumps(exc)
+        except Exception:
+            exc_bytes = None
+        report = (type(exc).__name__, str(exc), traceback.format_exc(), exc_bytes)
+        results.put(("error", rank, time.time(), report))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _stop(procs) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + _GRACE_S
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def _raise_first_failure(procs, results, values, errors, window_s: float = 1.0):
+    """Raise a WorkerError for the failure that came first.
+
+    When one rank fails, its peers usually fail a moment later ("Connection closed by peer"):
+    those are consequences. Collect reports for a short window, then blame a rank that died
+    without reporting (a crash), else the earliest exception.
+    """
+    end = time.monotonic() + window_s
+    while time.monotonic() < end and len(values) + len(errors) < len(procs):
+        try:
+            status, rank, stamp, payload = results.get(timeout=0.1)
+        except queue.Empty:
+            continue
+        if status == "ok":
+            values[rank] = pickle.loads(payload)
+        else:
+            errors[rank] = (stamp, payload)
+    silent = [r for r, p in enumerate(procs) if r not in values and r not in errors and not p.is_alive()]
+    if silent:
+        code = procs[silent[0]].exitcode
+        raise WorkerError(silent[0], "ProcessExited", f"the process exited with code {code} without reporting")
+    if not errors:
+        return  # a false alarm: the "dead" rank had finished and its result was still in flight
+    rank = min(errors, key=lambda r: errors[r][0])
+    exc_type, message, tb, exc_bytes = errors[rank][1]
+    cause = None
+    if exc_bytes is not None:
+        try:
+            cause = pickle.loads(exc_bytes)
+        except Exception:
+            cause = None
+    raise WorkerError(rank, exc_type, message, tb) from cause
+
+
+def spawn(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 120.0) -> list:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` new processes; return their results.
+
+    Each process has the default process group initialized (``dist.get_rank()`` works inside
+    ``fn``) and destroyed when ``fn`` returns. Results come back in rank order.
+
+    ``fn`` must be a top-level function of an importable module: the *spawn* start method (the
+    only one that is safe with CUDA and threads, and the default on macOS and Windows) sends the
+    function to the new interpreter by module and name, so a function defined in a notebook cell
+    or a lambda cannot be sent. Those get a ``ValueError`` saying where to put it.
+
+    ``backend="auto"`` picks NCCL when ``torch.cuda.device_count() >= world_size`` and gloo
+    otherwise (see :func:`pick_backend`); NCCL workers compute on ``cuda:rank``.
+
+    Failures never hang: if a worker raises or dies, the others are terminated and a
+    :class:`WorkerError` names the rank and carries its exception type, message and traceback.
+    If the group has not finished after ``timeout_s`` seconds, every worker is killed and a
+    ``TimeoutError`` names the ranks still running.
+    """
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
+    _check_picklable_by_reference(fn)
+    backend = _validate_backend(backend, world_size)
+
+    # The store lives in this process, on a port the OS chose: no fixed port, no race between
+    # picking a free port and binding it, and each spawn call gets its own.
+    store = dist.TCPStore(
+        "127.0.0.1", 0, world_size, True,
+        timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
+    )
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_worker,
+            args=(fn, rank, world_size, store.port, backend, timeout_s, args, results),
+            name=f"course_lib-rank{rank}",
+            daemon=True,
+        )
+        for rank in range(world_size)
+    ]
+    values: dict[int, object] = {}
+    try:
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout_s
+        while len(values) < world_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                running = [r for r in range(world_size) if r not in values]
+                raise TimeoutError(
+                    f"spawn timed out after {timeout_s:g} s; rank(s) {running} were still running "
+                    f"and have been killed. Raise timeout_s if the work is just slow."
+                )
+            try:
+                status, rank, stamp, payload = results.get(timeout=min(0.2, remaining))
+            except queue.Empty:
+                if any(r not in values and not p.is_alive() for r, p in enumerate(procs)):
+                    _raise_first_failure(procs, results, values, {})
+                continue
+            if status == "ok":
+                values[rank] = pickle.loads(payload)
+            else:
+                _raise_first_failure(procs, results, values, {rank: (stamp, payload)})
+    finally:
+        _stop(procs)
+        results.close()
+        results.join_thread()
+        del store
+    return [values[r] for r in range(world_size)]
+
+
+def init_from_env(backend: str = "auto") -> tuple[int, int, torch.device]:
+    """Join the process group that ``torchrun`` describes in the environment.
+
+    ``torchrun --nproc-per-node N script.py`` (and ``--nnodes``/``--rdzv-endpoint`` across
+    machines) sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; this reads them,
+    initializes with the ``env://`` rendezvous and returns ``(rank, world_size, device)``. Call
+    ``torch.distributed.destroy_process_group()`` when done. With ``backend="auto"``, NCCL is used
+    when this node has a GPU for each of its local ranks.
+    """
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        raise ValueError(
+            f"init_from_env needs the variables torchrun sets; missing {missing}. Start the script "
+            f"with `torchrun --nproc-per-node N script.py`, or use course_lib.launch.spawn."
+        )
+    world_size = int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    if backend == "auto":
+        backend = pick_backend(local_world)
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method="env://")
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def all_reduce_check(rank: int, world_size: int) -> dict:
+    """Notebook 00's smoke test: every rank contributes ``rank + 1``; all should end with the sum."""
+    device = worker_device()
+    t = torch.tensor([float(rank + 1)], device=device)
+    dist.all_reduce(t)
+    return {"rank": rank, "backend": dist.get_backend(), "sum": t.item()}
