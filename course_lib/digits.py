@@ -1,0 +1,39 @@
+"""The course's dataset and model: scikit-learn's bundled handwritten digits and a small MLP.
+
+Bundled with scikit-learn (1,797 images of 8x8 pixels, 10 classes), so nothing is downloaded.
+Every notebook that trains uses these two functions, so their numbers are comparable.
+"""
+
+from __future__ import annotations
+
+import torch
+from sklearn.datasets import load_digits
+from torch import nn
+
+__all__ = ["digits_tensors", "mlp"]
+
+
+def digits_tensors(test_fraction: float = 0.25, seed: int = 0):
+    """``(x_train, y_train, x_test, y_test)``: float32 pixels scaled to [0, 1], int64 labels.
+
+    The split is a fixed permutation drawn from ``seed``, the same on every machine.
+    """
+    data = load_digits()
+    x = torch.tensor(data.data, dtype=torch.float32) / 16.0
+    y = torch.tensor(data.target, dtype=torch.int64)
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
+    x, y = x[order], y[order]
+    n_test = int(round(len(x) * test_fraction))
+    return x[n_test:], y[n_test:], x[:n_test], y[:n_test]
+
+
+def mlp(hidden: int = 64, depth: int = 2, seed: int = 0, n_in: int = 64, n_out: int = 10) -> nn.Sequential:
+    """An ordinary ``nn.Sequential`` MLP with ``depth`` hidden layers, initialized from ``seed``."""
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = []
+    width = n_in
+    for _ in range(depth):
+        layers += [nn.Linear(width, hidden), nn.ReLU()]
+        width = hidden
+    layers.append(nn.Linear(width, n_out))
+    return nn.Sequential(*layers)
