@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip install --disable-pip-version-check -q -c constraints.txt
-NBVAL  := $(BIN)/python -m pytest --nbval --nbval-current-env --sanitize-with notebooks/sanitize.cfg
+NBVAL  := $(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg
 # JupyterLab refuses to run as root unless told; containers often run as root.
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
