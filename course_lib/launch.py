@@ -24,6 +24,7 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
+import sys
 import time
 import traceback
 
@@ -91,7 +92,10 @@ def _check_picklable_by_reference(fn) -> None:
         raise ValueError(f"spawn cannot send a lambda to a new process. {where}")
     if "<locals>" in qualname:
         raise ValueError(f"spawn cannot send the nested function {qualname!r} to a new process. {where}")
-    if module in (None, "__main__", "__mp_main__"):
+    main_is_a_file = getattr(sys.modules.get("__main__"), "__file__", None) is not None
+    if module is None or (module in ("__main__", "__mp_main__") and not main_is_a_file):
+        # (A script run with `python script.py` is fine: spawn re-imports it from its file,
+        # provided its top-level code sits under `if __name__ == "__main__":`.)
         raise ValueError(
             f"spawn cannot send {qualname or fn!r}: it is defined in __main__ (a notebook cell or "
             f"a script run directly), which a spawned process cannot import. {where}"
@@ -124,6 +128,10 @@ def _worker(fn, rank, world_size, port, backend, timeout_s, args, results):
         WORLD_SIZE=str(world_size),
     )
     try:
+        if backend != "nccl" and "OMP_NUM_THREADS" not in os.environ:
+            # As torchrun does: p processes that each use every core fight over them. On 2 cores,
+            # 2 processes with 2 compute threads each made a Python ring all-reduce 2x slower.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout=timeout)
         device_id = None
@@ -208,6 +216,9 @@ def spawn(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 
     only one that is safe with CUDA and threads, and the default on macOS and Windows) sends the
     function to the new interpreter by module and name, so a function defined in a notebook cell
     or a lambda cannot be sent. Those get a ``ValueError`` saying where to put it.
+
+    CPU workers get ``cores // world_size`` compute threads each (as ``torchrun`` sets
+    ``OMP_NUM_THREADS``), unless ``OMP_NUM_THREADS`` is set.
 
     ``backend="auto"`` picks NCCL when ``torch.cuda.device_count() >= world_size`` and gloo
     otherwise (see :func:`pick_backend`); NCCL workers compute on ``cuda:rank``.

@@ -1,6 +1,7 @@
 """course_lib.launch.spawn with real gloo processes on the CPU."""
 
 import multiprocessing as mp
+import sys
 import threading
 import time
 
@@ -106,11 +107,18 @@ def test_lambda_and_main_functions_are_refused_with_advice():
     with pytest.raises(ValueError, match="nested"):
         launch.spawn(nested, 2)
 
+
+
+def test_function_from_a_notebook_main_is_refused(monkeypatch):
+    import types
+
     def in_main(rank, world_size):
         return rank
 
     in_main.__module__ = "__main__"
     in_main.__qualname__ = "in_main"
+    # a notebook kernel's __main__ has no __file__ a new process could import
+    monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))
     with pytest.raises(ValueError, match="__main__.*notebook cell"):
         launch.spawn(in_main, 2)
 

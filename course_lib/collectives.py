@@ -1,0 +1,152 @@
+"""Collective operations built only on point-to-point messages (``dist.send/recv/isend/irecv``).
+
+Three ways to combine data across p processes, from naive to the one NCCL and gloo use:
+
+* ``naive_all_reduce``: everybody sends to rank 0, which sums and sends the result back. Rank 0
+  handles 2(p - 1) full-size messages one after another: its link is the bottleneck.
+* ``tree_broadcast`` / ``tree_reduce``: binomial trees. In round k every rank that already has the
+  data passes it on, so the number of informed ranks doubles: ceil(log2 p) rounds.
+* ``ring_all_reduce``: the tensor is cut into p chunks; in p - 1 steps of *reduce-scatter* each
+  rank passes one chunk to its right neighbour and adds the chunk coming from its left, so that
+  each rank ends up owning one fully reduced chunk; p - 1 steps of *all-gather* then circulate
+  the reduced chunks. Every rank sends 2(p - 1)/p of the tensor, whatever p is: bandwidth-optimal.
+
+All of them sum in place, work for any world size >= 1 and any length (also shorter than p), and
+take an optional ``group`` (ranks are then the group's ranks).
+"""
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["naive_all_reduce", "tree_broadcast", "tree_reduce", "ring_all_reduce", "ring_shift"]
+
+
+def _rank_size(group):
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def _global(group, rank: int) -> int:
+    """send/recv take global ranks; translate a rank of ``group``."""
+    return rank if group is None else dist.get_global_rank(group, rank)
+
+
+def _check(tensor: torch.Tensor) -> torch.Tensor:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
+    if not tensor.is_contiguous():
+        raise ValueError("the collectives work in place on contiguous tensors: pass tensor.contiguous()")
+    return tensor.view(-1)
+
+
+def naive_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """Sum ``tensor`` over all ranks, in place, through rank 0: p - 1 receives, then p - 1 sends."""
+    flat = _check(tensor)
+    rank, size = _rank_size(group)
+    if size == 1:
+        return tensor
+    if rank == 0:
+        incoming = torch.empty_like(flat)
+        for peer in range(1, size):
+            dist.recv(incoming, src=_global(group, peer), group=group)
+            flat.add_(incoming)
+        for peer in range(1, size):
+            dist.send(flat, dst=_global(group, peer), group=group)
+    else:
+        dist.send(flat, dst=_global(group, 0), group=group)
+        dist.recv(flat, src=_global(group, 0), group=group)
+    return tensor
+
+
+def tree_broadcast(tensor: torch.Tensor, src: int = 0, group=None) -> torch.Tensor:
+    """Copy ``src``'s tensor to every rank along a binomial tree, in ceil(log2 p) rounds."""
+    flat = _check(tensor)
+    rank, size = _rank_size(group)
+    vrank = (rank - src) % size  # ranks renumbered so that src is 0
+    # Receive once, from the rank that differs in our lowest set bit...
+    mask = 1
+    while mask < size:
+        if vrank & mask:
+            dist.recv(flat, src=_global(group, (vrank - mask + src) % size), group=group)
+            break
+        mask <<= 1
+    # ...then pass it on to the ranks below that bit, largest subtree first.
+    mask >>= 1
+    while mask > 0:
+        if vrank + mask < size:
+            dist.send(flat, dst=_global(group, (vrank + mask + src) % size), group=group)
+        mask >>= 1
+    return tensor
+
+
+def tree_reduce(tensor: torch.Tensor, dst: int = 0, group=None) -> torch.Tensor:
+    """Sum every rank's tensor into ``dst``'s, along a binomial tree (broadcast's mirror image).
+
+    The result is defined on ``dst`` only; other ranks are left holding partial sums.
+    """
+    flat = _check(tensor)
+    rank, size = _rank_size(group)
+    vrank = (rank - dst) % size
+    incoming = None
+    mask = 1
+    while mask < size:
+        if vrank & mask:
+            dist.send(flat, dst=_global(group, (vrank - mask + dst) % size), group=group)
+            break
+        if vrank + mask < size:
+            if incoming is None:
+                incoming = torch.empty_like(flat)
+            dist.recv(incoming, src=_global(group, (vrank + mask + dst) % size), group=group)
+            flat.add_(incoming)
+        mask <<= 1
+    return tensor
+
+
+def _exchange(send_buf, send_to, recv_buf, recv_from, group):
+    """Send and receive at once. Posting both before waiting on either is what avoids the
+    deadlock of a ring in which every rank first blocks in ``send``."""
+    works = []
+    if recv_buf.numel():  # lengths are equal on every rank, so both ends skip empty chunks alike
+        works.append(dist.irecv(recv_buf, src=recv_from, group=group))
+    if send_buf.numel():
+        works.append(dist.isend(send_buf, dst=send_to, group=group))
+    for work in works:
+        work.wait()
+
+
+def ring_all_reduce(tensor: torch.Tensor, group=None, trace: list | None = None) -> torch.Tensor:
+    """Sum ``tensor`` over all ranks, in place: reduce-scatter then all-gather around a ring.
+
+    ``trace``, when a list, receives ``(phase, step, copy of the tensor)`` after every step: the
+    algorithm's real state, which notebook 02 draws.
+    """
+    flat = _check(tensor)
+    rank, size = _rank_size(group)
+    if size == 1:
+        return tensor
+    right, left = _global(group, (rank + 1) % size), _global(group, (rank - 1) % size)
+    chunks = flat.tensor_split(size)  # views into flat; lengths differ by at most one
+    incoming = torch.empty_like(chunks[0])
+
+    # Reduce-scatter: after step s, chunk (rank - s - 1) holds the sum of s + 2 ranks' data.
+    for step in range(size - 1):
+        send_c, recv_c = chunks[(rank - step) % size], chunks[(rank - step - 1) % size]
+        buf = incoming[: recv_c.numel()]
+        _exchange(send_c, right, buf, left, group)
+        recv_c.add_(buf)
+        if trace is not None:
+            trace.append(("reduce-scatter", step, flat.clone()))
+    # Now chunk (rank + 1) is complete here. All-gather: pass complete chunks around.
+    for step in range(size - 1):
+        send_c, recv_c = chunks[(rank + 1 - step) % size], chunks[(rank - step) % size]
+        _exchange(send_c, right, recv_c, left, group)
+        if trace is not None:
+            trace.append(("all-gather", step, flat.clone()))
+    return tensor
+
+
+def ring_shift(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """Pass ``tensor`` one place to the right around the ring; return what came from the left."""
+    rank, size = _rank_size(group)
+    received = torch.empty_like(tensor)
+    _exchange(tensor, _global(group, (rank + 1) % size), received, _global(group, (rank - 1) % size), group)
+    return received

@@ -1,0 +1,61 @@
+import pytest
+import torch
+
+from course_lib.launch import spawn
+from tests import collective_workers as W
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_collectives_match_torch_distributed(world_size):
+    results = spawn(W.compare_with_torch, world_size, backend="gloo")
+    checked = 0
+    for rank, rows in enumerate(results):
+        for name, n, dtype, ours, theirs, in_place in rows:
+            assert in_place, f"{name} should return the tensor it was given"
+            assert ours.dtype == dtype and ours.shape == (n,)
+            tol = 1e-6 if dtype == torch.float32 else 1e-12
+            torch.testing.assert_close(ours, theirs, rtol=tol, atol=tol,
+                                       msg=f"{name}, rank {rank}, length {n}, {dtype}")
+            checked += 1
+    # every algorithm, length and dtype was compared on every rank (reduce only on its root)
+    roots = len({0, world_size - 1})
+    per_rank = len(W.LENGTHS) * len(W.DTYPES) * (2 + roots)
+    assert checked == world_size * per_rank + len(W.LENGTHS) * len(W.DTYPES) * roots
+
+
+def test_all_reduce_equals_the_sum_computed_locally():
+    world_size = 3
+    results = spawn(W.compare_with_torch, world_size, backend="gloo")
+    want = sum(W._data(r, 1001, torch.float64) for r in range(world_size))
+    for rows in results:
+        for name, n, dtype, ours, _, _ in rows:
+            if n == 1001 and dtype == torch.float64 and "all_reduce" in name:
+                torch.testing.assert_close(ours, want)
+
+
+def test_subgroups_use_group_ranks():
+    out = spawn(W.subgroup, 4, backend="gloo")
+    base = torch.arange(5, dtype=torch.float32)
+    assert out[0] is None
+    for rank in (1, 2, 3):
+        torch.testing.assert_close(out[rank]["ring"], base * (2 + 3 + 4))
+        torch.testing.assert_close(out[rank]["naive"], base * (2 + 3 + 4))
+        torch.testing.assert_close(out[rank]["bcast"], base * 3)  # global rank 2's data
+    torch.testing.assert_close(out[1]["reduce"], base * (2 + 3 + 4))
+
+
+def test_ring_trace_shows_reduce_scatter_then_all_gather():
+    p = 4
+    traces = spawn(W.ring_trace, p, backend="gloo")
+    for rank, trace in enumerate(traces):
+        assert [phase for phase, _, _ in trace] == ["reduce-scatter"] * (p - 1) + ["all-gather"] * (p - 1)
+        # after reduce-scatter this rank owns chunk rank+1, summed over all ranks (bits 0..p-1 set)
+        assert trace[p - 2][2][(rank + 1) % p].item() == 2**p - 1
+        assert torch.equal(trace[-1][2], torch.full((p,), 2.0**p - 1))
+
+
+def test_non_contiguous_tensor_is_refused():
+    from course_lib import collectives as C
+
+    with pytest.raises(ValueError, match="contiguous"):
+        C.ring_all_reduce(torch.zeros(4, 4).t())
