@@ -21,7 +21,7 @@ import time
 import torch
 import torch.distributed as dist
 
-__all__ = ["ALGORITHMS", "alpha_beta_time", "fit_alpha_beta", "ping_pong"]
+__all__ = ["ALGORITHMS", "alpha_beta_time", "fit_alpha_beta", "ping_pong", "time_algorithms", "measure_gamma"]
 
 ALGORITHMS = ("naive_all_reduce", "tree_broadcast", "tree_reduce", "ring_all_reduce")
 
@@ -68,6 +68,14 @@ def ping_pong(rank: int, world_size: int, sizes_bytes, iters: int = 5) -> list[t
     Other ranks only wait. Returns ``[(nbytes, seconds), ...]`` on every rank (rank 0's numbers).
     """
     out = []
+    warm = torch.zeros(1)
+    for _ in range(20):  # the first messages between two processes are slow: connections, caches
+        if rank == 0:
+            dist.send(warm, dst=1)
+            dist.recv(warm, src=1)
+        elif rank == 1:
+            dist.recv(warm, src=0)
+            dist.send(warm, dst=0)
     for size in sizes_bytes:
         t = torch.zeros(max(1, int(size) // 4), dtype=torch.float32)
         times = []
@@ -86,3 +94,35 @@ def ping_pong(rank: int, world_size: int, sizes_bytes, iters: int = 5) -> list[t
         dist.broadcast(med, src=0)
         out.append((t.numel() * 4, med.item()))
     return out
+
+
+def time_algorithms(rank: int, world_size: int, sizes_bytes, iters: int = 3) -> dict:
+    """Worker: median time of each course algorithm and of gloo's own all-reduce, per size."""
+    from course_lib import collectives as C
+    from course_lib.bandwidth import measure_collective
+
+    runs = {
+        "naive_all_reduce": ("all_reduce", C.naive_all_reduce),
+        "ring_all_reduce": ("all_reduce", C.ring_all_reduce),
+        "tree_broadcast": ("broadcast", C.tree_broadcast),
+        "tree_reduce": ("reduce", C.tree_reduce),
+        "torch all_reduce": ("all_reduce", None),
+    }
+    return {name: measure_collective(op, sizes_bytes, iters=iters, warmup=1, fn=fn)
+            for name, (op, fn) in runs.items()}
+
+
+def measure_gamma(nbytes: int = 16 * 2**20, iters: int = 7, threads: int = 1) -> float:
+    """Seconds per byte of an in-place float32 addition ``a += b``, as a worker does it."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a, b = torch.ones(nbytes // 4), torch.ones(nbytes // 4)
+        times = []
+        for _ in range(iters + 1):
+            start = time.perf_counter()
+            a.add_(b)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times[1:]) / (a.numel() * 4)
+    finally:
+        torch.set_num_threads(saved)

@@ -13,7 +13,7 @@ import traceback
 
 import torch
 
-__all__ = ["check", "compare"]
+__all__ = ["check", "check_distributed", "compare"]
 
 
 def compare(expected, got, rtol: float = 1e-5, atol: float = 1e-6) -> str | None:
@@ -98,4 +98,46 @@ def check(student, reference, cases, *, name: str | None = None, rtol: float = 1
             print(f"[FAIL] {name}, case {i} {_describe(args)}: {why}")
             return False
     print(f"[PASS] {name}: all {len(cases)} cases match the reference.")
+    return True
+
+
+def _run_both(rank, world_size, student, reference, make_inputs):
+    args = make_inputs(rank, world_size)
+    expected = reference(*copy.deepcopy(args))
+    got = student(*copy.deepcopy(args))
+    return args, expected, got
+
+
+def check_distributed(student, reference, make_inputs, world_sizes=(2, 3), *, name: str | None = None,
+                      timeout_s: float = 20.0, rtol: float = 1e-5, atol: float = 1e-6) -> bool:
+    """Like :func:`check`, for functions that communicate: both run in real gloo processes.
+
+    ``student`` and ``reference`` are top-level functions of importable modules (a student's lives
+    in a ``.py`` file written from the notebook); ``make_inputs(rank, world_size)`` returns each
+    rank's arguments. The reference runs first, then the student's function, on copies.
+    """
+    from course_lib.launch import WorkerError, spawn
+
+    name = name or getattr(student, "__name__", "your function")
+    for world_size in world_sizes:
+        try:
+            results = spawn(_run_both, world_size, student, reference, make_inputs,
+                            backend="gloo", timeout_s=timeout_s)
+        except WorkerError as e:
+            if e.exc_type == "NotImplementedError":
+                print(f"[not yet] {name}: replace the `raise NotImplementedError` with your code, "
+                      f"save the file, then run this again.")
+            else:
+                print(f"[FAIL] {name}, world size {world_size}: rank {e.rank} raised {e.exc_type}: {e.message}")
+            return False
+        except TimeoutError:
+            print(f"[FAIL] {name}, world size {world_size}: no answer after {timeout_s:g} s. A deadlock? "
+                  f"Check that every send is matched by a receive that the peer can reach.")
+            return False
+        for rank, (args, expected, got) in enumerate(results):
+            why = compare(expected, got, rtol, atol)
+            if why:
+                print(f"[FAIL] {name}, world size {world_size}, rank {rank}, input {_describe(args)}: {why}")
+                return False
+    print(f"[PASS] {name}: matches the reference on world sizes {', '.join(map(str, world_sizes))}.")
     return True

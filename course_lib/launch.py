@@ -38,6 +38,8 @@ __all__ = [
     "init_from_env",
     "worker_device",
     "all_reduce_check",
+    "free_port",
+    "rendezvous_demo",
 ]
 
 # How long a terminated worker gets to exit before it is killed.
@@ -59,6 +61,15 @@ class WorkerError(RuntimeError):
         if worker_traceback:
             text += f"\n\nTraceback in rank {rank}:\n{worker_traceback.rstrip()}"
         super().__init__(text)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (for demos; spawn itself needs none)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def pick_backend(world_size: int) -> str:
@@ -132,7 +143,9 @@ def _worker(fn, rank, world_size, port, backend, timeout_s, args, results):
             # As torchrun does: p processes that each use every core fight over them. On 2 cores,
             # 2 processes with 2 compute threads each made a Python ring all-reduce 2x slower.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-        timeout = datetime.timedelta(seconds=timeout_s)
+        # The workers' own collective timeout is longer than spawn's, so that a hang is reported
+        # by the parent (naming every stuck rank) rather than by whichever rank times out first.
+        timeout = datetime.timedelta(seconds=timeout_s + 30)
         store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout=timeout)
         device_id = None
         if backend == "nccl":
@@ -317,3 +330,23 @@ def all_reduce_check(rank: int, world_size: int) -> dict:
     t = torch.tensor([float(rank + 1)], device=device)
     dist.all_reduce(t)
     return {"rank": rank, "backend": dist.get_backend(), "sum": t.item()}
+
+
+def rendezvous_demo(rank: int, world_size: int, init_methods: list[str], env_port: int) -> list[dict]:
+    """Worker for notebook 02: leave spawn's group and meet again through each of ``init_methods``.
+
+    ``tcp://host:port`` (rank 0 listens there), ``file:///path`` (a file on a disk all ranks see)
+    and ``env://`` (MASTER_ADDR and MASTER_PORT from the environment, as torchrun sets them; here
+    ``env_port``) are three ways for processes to find each other. Each ends in a key-value Store
+    through which the ranks swap their addresses.
+    """
+    out = []
+    for method in init_methods:
+        dist.destroy_process_group()
+        if method == "env://":
+            os.environ["MASTER_PORT"] = str(env_port)
+        dist.init_process_group("gloo", init_method=method, rank=rank, world_size=world_size)
+        t = torch.tensor([float(rank + 1)])
+        dist.all_reduce(t)
+        out.append({"method": method.split(":")[0], "rank": dist.get_rank(), "sum": t.item()})
+    return out

@@ -133,3 +133,11 @@ def test_init_from_env_explains_torchrun(monkeypatch):
         monkeypatch.delenv(k, raising=False)
     with pytest.raises(ValueError, match="torchrun"):
         launch.init_from_env()
+
+
+def test_rendezvous_demo_meets_through_tcp_file_and_env(tmp_path):
+    methods = [f"tcp://127.0.0.1:{launch.free_port()}", f"file://{tmp_path}/rendezvous", "env://"]
+    out = launch.spawn(launch.rendezvous_demo, 2, methods, launch.free_port(), backend="gloo")
+    for rank, rows in enumerate(out):
+        assert [r["method"] for r in rows] == ["tcp", "file", "env"]
+        assert all(r["rank"] == rank and r["sum"] == 3.0 for r in rows)
