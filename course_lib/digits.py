@@ -10,7 +10,7 @@ import torch
 from sklearn.datasets import load_digits
 from torch import nn
 
-__all__ = ["digits_tensors", "mlp"]
+__all__ = ["digits_tensors", "mlp", "gradient_snapshots"]
 
 
 def digits_tensors(test_fraction: float = 0.25, seed: int = 0):
@@ -37,3 +37,24 @@ def mlp(hidden: int = 64, depth: int = 2, seed: int = 0, n_in: int = 64, n_out: 
         width = hidden
     layers.append(nn.Linear(width, n_out))
     return nn.Sequential(*layers)
+
+
+def gradient_snapshots(steps: int, hidden: int = 256, batch_size: int = 64, lr: float = 0.05,
+                       seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """Train the digits MLP with SGD for ``steps`` steps; each step's weight gradients, by layer name.
+
+    Real gradients for the low-rank notebooks: consecutive steps change slowly, and their spectra
+    decay fast, unlike random matrices.
+    """
+    x_train, y_train, _, _ = digits_tensors(seed=seed)
+    model = mlp(hidden=hidden, seed=seed)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(seed))
+    out = []
+    for step in range(steps):
+        idx = order[(step * batch_size) % (len(x_train) - batch_size) :][:batch_size]
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x_train[idx]), y_train[idx]).backward()
+        out.append({name: p.grad.detach().clone() for name, p in model.named_parameters() if p.dim() == 2})
+        opt.step()
+    return out

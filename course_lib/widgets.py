@@ -1,0 +1,111 @@
+"""Interactive explorers for the notebooks (ipywidgets).
+
+``rank_explorer`` puts a rank slider on a low-rank approximation: pick a matrix (a real gradient,
+a random matrix, a photograph), move the slider, and see the reconstruction, its error, the best
+error any rank-r approximation could have (the SVD's), and how much smaller P and Q are than M.
+"""
+
+import io
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+import torch
+
+from course_lib import lowrank
+
+__all__ = ["hopper_gray", "default_matrices", "rank_explorer"]
+
+
+def hopper_gray() -> torch.Tensor:
+    """matplotlib's bundled photograph of Grace Hopper, in grey, as a float32 (600 x 512) matrix."""
+    import matplotlib.cbook as cbook
+
+    with cbook.get_sample_data("grace_hopper.jpg") as f:
+        rgb = torch.tensor(plt.imread(f), dtype=torch.float32) / 255.0
+    return rgb @ torch.tensor([0.299, 0.587, 0.114])
+
+
+def default_matrices(seed: int = 0) -> dict[str, torch.Tensor]:
+    """A real gradient (the digits MLP's 256 x 256 hidden layer after 20 steps), a random matrix
+    of the same shape, and the grey photograph."""
+    from course_lib.digits import gradient_snapshots
+
+    grad = gradient_snapshots(20, seed=seed)[-1]["2.weight"]
+    return {
+        "gradient of a hidden layer (256 x 256)": grad,
+        "random Gaussian matrix (256 x 256)": torch.randn(256, 256, generator=torch.Generator().manual_seed(seed)),
+        "grace_hopper.jpg in grey (600 x 512)": hopper_gray(),
+    }
+
+
+class RankExplorer(widgets.VBox):
+    """The widget :func:`rank_explorer` returns: ``.rank`` (IntSlider), ``.matrix`` (Dropdown),
+    ``.text`` (HTML with the numbers) and ``.plot`` (an Image: the pictures, rendered to PNG in the
+    kernel, so they need no output capture and look the same in every front end)."""
+
+    def __init__(self, matrices: dict[str, torch.Tensor], rank: int = 4, max_rank: int = 64, iters: int = 4,
+                 seed: int = 0):
+        if not matrices:
+            raise ValueError("rank_explorer needs at least one matrix")
+        self.matrices = {name: m.double() for name, m in matrices.items()}
+        self.iters, self.seed, self.max_rank = iters, seed, max_rank
+        first = next(iter(self.matrices))
+        self.rank = widgets.IntSlider(value=rank, min=1, max=self._limit(first), description="rank",
+                                      continuous_update=False)
+        self.matrix = widgets.Dropdown(options=list(self.matrices), value=first, description="matrix",
+                                       layout=widgets.Layout(width="420px"))
+        self.text = widgets.HTML()
+        self.plot = widgets.Image(format="png")
+        super().__init__([widgets.HBox([self.matrix, self.rank]), self.text, self.plot])
+        self.rank.observe(self._update, names="value")
+        self.matrix.observe(self._on_matrix, names="value")
+        self._update()
+
+    def _limit(self, name: str) -> int:
+        return min(self.max_rank, *self.matrices[name].shape)
+
+    def _on_matrix(self, change=None):
+        self.rank.max = self._limit(self.matrix.value)  # clips .value, which may redraw once
+        self._update()
+
+    def numbers(self) -> dict:
+        """The current state: relative error of power iteration, the SVD optimum, the compression."""
+        M = self.matrices[self.matrix.value]
+        r = self.rank.value
+        P, Q = lowrank.power_iteration(M, r, self.iters, generator=torch.Generator().manual_seed(self.seed))
+        return {
+            "rank": r,
+            "relative error": lowrank.relative_error(M, P, Q),
+            "svd optimum": lowrank.svd_error(M, r),
+            "compression": lowrank.compression_ratio(*M.shape, r),
+            "reconstruction": P @ Q.mT,
+        }
+
+    def _update(self, change=None):
+        s = self.numbers()
+        self.text.value = (
+            f"rank {s['rank']}: relative error {s['relative error']:.3f} "
+            f"(power iteration, {self.iters} iterations) | SVD optimum {s['svd optimum']:.3f} | "
+            f"compression {s['compression']:.1f}x"
+        )
+        M = self.matrices[self.matrix.value]
+        fig, axes = plt.subplots(1, 2, figsize=(8, 3.6))
+        panels = [(axes[0], M, "original"), (axes[1], s["reconstruction"], f"P Q^T, rank {s['rank']}")]
+        for ax, img, title in panels:
+            ax.imshow(img.numpy(), cmap="gray" if "grey" in self.matrix.value else "RdBu_r")
+            ax.set_title(title)
+            ax.axis("off")
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=72, bbox_inches="tight")
+        plt.close(fig)
+        self.plot.value = buf.getvalue()
+
+
+def rank_explorer(matrices: dict[str, torch.Tensor] | None = None, rank: int = 4, max_rank: int = 64,
+                  iters: int = 4, seed: int = 0) -> RankExplorer:
+    """A rank slider (1 up to ``max_rank`` or the matrix's limit) over a dropdown of matrices.
+
+    Moving it recomputes a rank-r power-iteration approximation (``iters`` steps from a fixed
+    seed, so the same rank always shows the same numbers) and redraws it beside the original.
+    """
+    return RankExplorer(matrices if matrices is not None else default_matrices(), rank, max_rank, iters, seed)

@@ -1,0 +1,51 @@
+import torch
+
+from course_lib import lowrank
+from course_lib.widgets import hopper_gray, rank_explorer
+
+
+def _matrices():
+    g = torch.Generator().manual_seed(0)
+    return {"low": torch.randn(40, 3, generator=g) @ torch.randn(3, 30, generator=g),
+            "tall": torch.randn(20, 5, generator=g)}
+
+
+def test_slider_changes_the_numbers_shown():
+    w = rank_explorer(_matrices(), rank=1)
+    assert w.rank.description == "rank" and w.rank.min == 1 and w.rank.max == 30
+    before = w.text.value
+    assert "relative error" in before and "SVD optimum" in before and "compression 17.1x" in before
+    w.rank.value = 3
+    after = w.text.value
+    assert after != before
+    assert "rank 3: relative error 0.000" in after  # the matrix has rank 3
+    assert "compression 5.7x" in after
+
+
+def test_dropdown_switches_matrix_and_clips_the_rank():
+    w = rank_explorer(_matrices(), rank=20)
+    w.matrix.value = "tall"
+    assert w.rank.max == 5 and w.rank.value == 5
+    assert "rank 5: relative error 0.000" in w.text.value
+
+
+def test_numbers_agree_with_lowrank():
+    m = _matrices()
+    w = rank_explorer(m, rank=2, iters=4, seed=0)
+    s = w.numbers()
+    P, Q = lowrank.power_iteration(m["low"].double(), 2, 4, generator=torch.Generator().manual_seed(0))
+    assert abs(s["relative error"] - lowrank.relative_error(m["low"].double(), P, Q)) < 1e-12
+    assert s["svd optimum"] == lowrank.svd_error(m["low"].double(), 2)
+
+
+def test_hopper_is_bundled_and_grey():
+    img = hopper_gray()
+    assert img.shape == (600, 512) and 0 <= img.min() and img.max() <= 1
+
+
+def test_picture_is_redrawn_when_the_rank_moves():
+    w = rank_explorer(_matrices(), rank=1)
+    first = w.plot.value
+    assert first[:4] == b"\x89PNG"
+    w.rank.value = 2
+    assert w.plot.value != first
