@@ -91,8 +91,12 @@ class RankExplorer(widgets.VBox):
         M = self.matrices[self.matrix.value]
         fig, axes = plt.subplots(1, 2, figsize=(8, 3.6))
         panels = [(axes[0], M, "original"), (axes[1], s["reconstruction"], f"P Q^T, rank {s['rank']}")]
+        grey = "grey" in self.matrix.value
+        v = M.abs().max().item()
         for ax, img, title in panels:
-            ax.imshow(img.numpy(), cmap="gray" if "grey" in self.matrix.value else "RdBu_r")
+            # a photograph in grey; signed matrices in red and blue, white at zero
+            ax.imshow(img.numpy(), cmap="gray" if grey else "RdBu_r", vmin=None if grey else -v,
+                      vmax=None if grey else v)
             ax.set_title(title)
             ax.axis("off")
         buf = io.BytesIO()
