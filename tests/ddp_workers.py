@@ -1,0 +1,70 @@
+"""DDP workers for the hook tests (spawn sends functions by name, so they live in a module)."""
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from course_lib import hooks, powersgd
+from course_lib.digits import mlp
+from course_lib.train import ddp_train
+
+
+def several(rank, world_size, configs):
+    """ddp_train once per config, in the same processes."""
+    return [ddp_train(rank, world_size, c) for c in configs]
+
+
+def seed_usages(rank, world_size):
+    """The usages from torch's documentation, written exactly so."""
+    out = {}
+    for name in ("hook", "wrapper"):
+        ddp_model = DDP(mlp(seed=0))
+        if name == "hook":
+            ddp_model.register_comm_hook(ddp_model.process_group, hooks.bf16_compress_hook)
+        else:
+            ddp_model.register_comm_hook(ddp_model.process_group, hooks.bf16_compress_wrapper(hooks.allreduce_hook))
+        x = torch.full((4, 64), float(rank + 1))
+        ddp_model(x).sum().backward()
+        out[name] = [p.grad.clone() for p in ddp_model.parameters()]
+    return out
+
+
+def nan_on_rank_one(rank, world_size):
+    model = DDP(mlp(seed=0))
+    state = powersgd.PowerSGDState(matrix_approximation_rank=1, start_powerSGD_iter=2, min_compression_rate=0)
+    model.register_comm_hook(state, powersgd.powerSGD_hook)
+    for step in range(4):
+        model.zero_grad()
+        loss = model(torch.ones(4, 64)).sum()
+        if step == 3 and rank == 1:
+            loss = loss * float("nan")
+        loss.backward()
+    return state.iter
+
+
+def one_compressed_step(rank, world_size, rank_r):
+    """Bytes the hook sends on a compressed step, and the layer shapes to check them against."""
+    model = DDP(mlp(hidden=64, seed=0))
+    state = powersgd.PowerSGDState(matrix_approximation_rank=rank_r, start_powerSGD_iter=2)
+    model.register_comm_hook(state, powersgd.powerSGD_hook)
+    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(rank))
+    sent = []
+    for _ in range(3):
+        hooks.traffic.reset()
+        model.zero_grad()
+        nn.functional.cross_entropy(model(x), torch.zeros(8, dtype=torch.long)).backward()
+        sent.append(hooks.traffic.snapshot())
+    return {"sent": sent, "shapes": [tuple(p.shape) for p in model.parameters()], "stats": state.compression_stats()}
+
+
+def batched_and_torch_batched(rank, world_size):
+    cfg = dict(steps=12, start_iter=3, rank=2, hidden=128, bucket_cap_mb=0.05, lr=0.3)
+    ours = ddp_train(rank, world_size, dict(cfg, hook="batched_powersgd"))
+    try:
+        ddp_train(rank, world_size, dict(cfg, hook="torch_batched_powersgd"))
+        theirs = "ran"
+    except Exception as e:  # torch's batched hook: AssertionError in _orthogonalize
+        theirs = type(e).__name__
+        dist.barrier()
+    return ours, theirs

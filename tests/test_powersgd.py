@@ -1,0 +1,126 @@
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_psgd
+
+from course_lib import powersgd
+from course_lib.launch import WorkerError, spawn
+from course_lib.train import ddp_train
+from tests import ddp_workers as W
+
+
+def _rel(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(matrix_approximation_rank=0), "matrix_approximation_rank must be an integer >= 1"),
+    (dict(start_powerSGD_iter=1), "start_powerSGD_iter must be > 1"),
+    (dict(start_powerSGD_iter=0, warm_start=False), "start_powerSGD_iter must be > 1"),
+    (dict(orthogonalization_epsilon=-1e-8), "orthogonalization_epsilon must be >= 0"),
+    (dict(min_compression_rate=-1), "min_compression_rate must be >= 0"),
+])
+def test_bad_arguments_say_the_fix(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        powersgd.PowerSGDState(**kwargs)
+
+
+def test_start_iter_one_is_fine_without_memory():
+    s = powersgd.PowerSGDState(start_powerSGD_iter=1, use_error_feedback=False, warm_start=False)
+    assert s.start_powerSGD_iter == 1
+
+
+def test_should_compress_matches_torch():
+    for n, m, r, rate in [(1024, 512, 2, 2), (10, 64, 4, 2), (64, 1, 1, 2), (100, 100, 25, 2), (100, 100, 24, 2)]:
+        assert powersgd.should_compress(n, m, r, rate) == torch_psgd._should_compress(n, m, r, rate)
+
+
+def test_same_seed_same_numbers_as_torch_step_by_step():
+    configs = []
+    for r in (1, 2, 4):
+        base = dict(steps=15, start_iter=4, rank=r, record_params=True, bucket_cap_mb=100, hidden=96, lr=0.3,
+                    eval_every=15)
+        configs += [dict(base, hook="torch_powersgd"), dict(base, hook="powersgd")]
+    out = spawn(W.several, 2, configs, backend="gloo", timeout_s=300)[0]
+    for i in range(0, len(configs), 2):
+        theirs, ours = out[i], out[i + 1]
+        assert ours["bytes"][-1] > 0
+        worst = max(_rel(a, b) for a, b in zip(ours["params"], theirs["params"]))
+        assert worst < 1e-5, f"rank {configs[i]['rank']}: relative difference {worst:.2e}"
+        assert ours["compression_stats"] == pytest.approx(theirs["compression_stats"])
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_many_small_buckets_keep_ranks_identical(world_size):
+    cfg = dict(hook="powersgd", steps=12, start_iter=3, rank=2, hidden=256, n_in=128, bucket_cap_mb=0.1,
+               batch_size=96, lr=0.3, eval_every=12)
+    out = spawn(ddp_train, world_size, cfg, backend="gloo", timeout_s=300)
+    for o in out[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(o["final_params"], out[0]["final_params"]))
+    rate, before, after = out[0]["compression_stats"]
+    assert rate > 20 and before > after
+    assert out[0]["loss"][-1] < out[0]["loss"][0]
+
+
+def test_resume_from_checkpoint_equals_training_straight_through():
+    cfg = dict(hook="powersgd", steps=24, start_iter=5, rank=2, hidden=96, lr=0.3, eval_every=24)
+    straight, resumed = spawn(W.several, 2, [cfg, dict(cfg, resume_at=12)], backend="gloo")[0]
+    for a, b in zip(straight["final_params"], resumed["final_params"]):
+        assert _rel(b, a) < 1e-5
+    assert straight["bytes"] == resumed["bytes"]
+
+
+def _filled_state():
+    s = powersgd.PowerSGDState(matrix_approximation_rank=2, start_powerSGD_iter=5, random_seed=3)
+    s.iter = 17
+    s.rng.randint(1000)
+    s.error_dict = {0: torch.arange(6.0), 1: torch.ones(3)}
+    s.q_memory_dict = {0: torch.randn(4, 2)}
+    s.total_numel_before_compression, s.total_numel_after_compression = 1000, 10
+    return s
+
+
+@pytest.mark.parametrize("roundtrip", ["pickle", "state_dict"])
+def test_state_roundtrips_without_the_process_group(roundtrip):
+    s = _filled_state()
+    s.process_group = object()  # not picklable, and must not be saved
+    if roundtrip == "pickle":
+        t = pickle.loads(pickle.dumps(s))
+    else:
+        t = powersgd.PowerSGDState(start_powerSGD_iter=2)
+        t.load_state_dict(s.state_dict())
+    assert t.process_group is None if roundtrip == "pickle" else True
+    assert t.iter == 17 and t.matrix_approximation_rank == 2 and t.start_powerSGD_iter == 5
+    assert t.rng.randint(10**9) == s.rng.randint(10**9)  # same random stream from here on
+    assert torch.equal(t.error_dict[0], s.error_dict[0]) and torch.equal(t.q_memory_dict[0], s.q_memory_dict[0])
+    assert t.compression_stats() == (100.0, 1000, 10)
+    assert isinstance(t.rng, np.random.RandomState)
+
+
+def test_bytes_per_compressed_step_are_exact():
+    out = spawn(W.one_compressed_step, 2, 2, backend="gloo")[0]
+    shapes = out["shapes"]  # [w0, b0, w1, b1, w2, b2]
+    n_all = sum(torch.Size(s).numel() for s in shapes)
+    assert out["sent"][0] == {"collectives": 1, "bytes": 4 * n_all}  # before start: plain all-reduce
+    # compressed: every weight (64x64, 64x64, and 10x64: (10 + 64) * 2 * 2 < 640) as P and Q of rank 2;
+    # the biases as they are
+    p_q = sum((n + m) * 2 for n, m in (shapes[0], shapes[2], shapes[4]))
+    plain = sum(shapes[k][0] for k in (1, 3, 5))
+    assert p_q + plain == 798
+    assert out["sent"][2] == {"collectives": 2, "bytes": 4 * (p_q + plain)}
+
+
+def test_non_finite_gradient_is_a_clear_error():
+    with pytest.raises(WorkerError, match="not finite") as info:
+        spawn(W.nan_on_rank_one, 2, backend="gloo", timeout_s=60)
+    assert "clip gradients" in str(info.value)
+
+
+def test_batched_hook_works_on_gloo_with_small_buckets():
+    out = spawn(W.batched_and_torch_batched, 2, backend="gloo", timeout_s=120)
+    (ours0, theirs), (ours1, _) = out
+    assert all(torch.equal(a, b) for a, b in zip(ours0["final_params"], ours1["final_params"]))
+    assert ours0["compression_stats"][0] > 5
+    assert ours0["loss"][-1] < ours0["loss"][0]
