@@ -30,6 +30,8 @@ __all__ = [
     "fp16_compress_wrapper",
     "bf16_compress_wrapper",
     "noop_hook",
+    "BucketLog",
+    "logging_allreduce_hook",
 ]
 
 
@@ -151,3 +153,22 @@ def noop_hook(_: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Ten
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(bucket.buffer())
     return fut
+
+
+class BucketLog:
+    """State for :func:`logging_allreduce_hook`: what DDP handed the hook, call by call."""
+
+    def __init__(self, process_group=None):
+        self.process_group = process_group
+        self.calls: list[dict] = []
+
+
+def logging_allreduce_hook(state: BucketLog, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """``allreduce_hook`` that first writes down the bucket: index, parameter shapes, size."""
+    state.calls.append({
+        "index": bucket.index(),
+        "is_last": bucket.is_last(),
+        "shapes": [tuple(p.shape) for p in bucket.parameters()],
+        "numel": bucket.buffer().numel(),
+    })
+    return _allreduce_fut(state.process_group, bucket.buffer())

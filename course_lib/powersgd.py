@@ -49,6 +49,7 @@ __all__ = [
     "powersgd_hook",
     "batched_powersgd_hook",
     "should_compress",
+    "error_feedback_step",
 ]
 
 logger = logging.getLogger(__name__)
@@ -60,6 +61,17 @@ def should_compress(num_rows: int, num_cols: int, matrix_approximation_rank: int
     before = num_rows * num_cols
     after = (num_rows + num_cols) * matrix_approximation_rank
     return after * min_compression_rate < before, before, after
+
+
+def error_feedback_step(grad: torch.Tensor, error: torch.Tensor, compress) -> tuple[torch.Tensor, torch.Tensor]:
+    """Error feedback for one worker: ``(what is sent, the new error)``.
+
+    Add what was left out last time, compress, and remember what is left out now. The hooks do
+    this bucket by bucket, where "sent" is the all-reduced result.
+    """
+    corrected = grad + error
+    sent = compress(corrected)
+    return sent, corrected - sent
 
 
 class PowerSGDState:
@@ -306,24 +318,25 @@ def powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.future
             q = state.q_memory_dict[gkeys[0]]
         qs.append(orthogonalize_(q, state.orthogonalization_epsilon))
 
-    # First all-reduce: the uncompressed tensors (to be averaged) and every P (orthogonalized
-    # afterwards, so no need to divide), in one buffer: one collective instead of two.
+    # First all-reduce: every P (orthogonalized afterwards, so no need to divide) and the
+    # uncompressed tensors (to be averaged), in one buffer: one collective instead of two. The P's
+    # come first, laid out as torch lays out its P memory: the same alignment, the same rounding.
     n_plain = sum(t.numel() for t in plain)
     p_sizes = [mat.shape[:-1].numel() * rank for _, mat, rank, _ in groups]
-    comm = torch.empty(n_plain + sum(p_sizes), dtype=buffer.dtype, device=buffer.device)
-    offset = 0
-    for t in plain:
-        comm[offset : offset + t.numel()].copy_(t.reshape(-1))
-        offset += t.numel()
-    ps = []
+    n_p = sum(p_sizes)
+    comm = torch.empty(n_p + n_plain, dtype=buffer.dtype, device=buffer.device)
+    ps, offset = [], 0
     for (_, mat, rank, _), q, size in zip(groups, qs, p_sizes):
         p = comm[offset : offset + size].view(*mat.shape[:-1], rank)
         torch.matmul(mat, q, out=p)
         ps.append(p)
         offset += size
+    for t in plain:
+        comm[offset : offset + t.numel()].copy_(t.reshape(-1))
+        offset += t.numel()
     hooks.all_reduce_counted(comm, group)
     _check_finite(comm, state, bucket)
-    offset = 0
+    offset = n_p
     for t in plain:
         t.copy_(comm[offset : offset + t.numel()].view_as(t).div_(world_size))
         offset += t.numel()
@@ -342,14 +355,16 @@ def powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.future
     hooks.all_reduce_counted(qbuf, group)
     qbuf.div_(world_size)
 
-    # Decompress into the bucket: M = P Q^T.
+    # Decompress into the bucket: M = P Q^T. Q is made contiguous (m x r, small) as torch keeps
+    # it: a product with a differently laid out operand takes another kernel, which rounds
+    # differently, and power iteration amplifies such differences step after step.
     for (gkeys, mat, _, members), p, qt in zip(groups, ps, qts):
-        torch.matmul(p, qt, out=mat)
+        q = qt.mT.contiguous()
+        torch.matmul(p, q.mT, out=mat)
         if members is not None:  # batched: copy each back to its gradient
             for i, (_, original) in enumerate(members):
                 original.copy_(mat[i])
         if state.warm_start:
-            q = qt.mT
             for i, k in enumerate(gkeys):
                 state.q_memory_dict[k] = q[i] if q.dim() == 3 else q
     if state.use_error_feedback:
@@ -405,7 +420,7 @@ def batched_powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torc
     torch.matmul(p, qt, out=matrix)
     buffer.copy_(padded[:total])
     if state.warm_start:
-        state.q_memory_dict[layout] = qt.mT
+        state.q_memory_dict[layout] = qt.mT.contiguous()
     if state.use_error_feedback:
         error = before_compression - buffer
         offset = 0

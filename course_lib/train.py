@@ -12,6 +12,7 @@ Every rank trains on its own slice of each global batch; the hook decides what c
 
 import argparse
 import io
+import logging
 import time
 
 import torch
@@ -22,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from course_lib import hooks, powersgd
 from course_lib.digits import digits_tensors, mlp
 
-__all__ = ["HOOKS", "make_hook", "ddp_train", "main"]
+__all__ = ["HOOKS", "make_hook", "ddp_train", "train_several", "bucket_layouts", "main"]
 
 HOOKS = ("allreduce", "fp16", "bf16", "powersgd", "batched_powersgd", "torch_powersgd", "torch_batched_powersgd",
          "noop")
@@ -46,6 +47,9 @@ def make_hook(name: str, rank: int = 2, start_iter: int = 10, error_feedback: bo
         return powersgd.PowerSGDState(**kwargs), hook
     if name in ("torch_powersgd", "torch_batched_powersgd"):
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_psgd
+
+        # torch's state logs a warning on every pickling, in every rank: noise in a notebook
+        logging.getLogger(torch_psgd.__name__).setLevel(logging.ERROR)
 
         hook = torch_psgd.powerSGD_hook if name == "torch_powersgd" else torch_psgd.batched_powerSGD_hook
         return torch_psgd.PowerSGDState(**kwargs), hook
@@ -102,7 +106,7 @@ def ddp_train(rank: int, world_size: int, config: dict) -> dict:
     per_rank = c["batch_size"] // world_size
     order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(c["seed"])).to(device)
     out = {"loss": [], "bytes": [], "test_step": [], "test_accuracy": [], "test_loss": [], "params": [],
-           "step_time_s": []}
+           "step_time_s": [], "error_norm": []}
     hooks.traffic.reset()
     for step in range(c["steps"]):
         if step == c["resume_at"]:
@@ -128,6 +132,9 @@ def ddp_train(rank: int, world_size: int, config: dict) -> dict:
         dist.all_reduce(avg)
         out["loss"].append(avg.item() / world_size)
         out["bytes"].append(hooks.traffic.bytes)
+        errors = getattr(state, "error_dict", None)
+        if errors is not None:  # the error-feedback memory (ours per parameter, torch's per bucket)
+            out["error_norm"].append(sum(e.double().square().sum().item() for e in errors.values()) ** 0.5)
         if c["record_params"]:
             out["params"].append(torch.cat([p.detach().flatten() for p in model.module.parameters()]).cpu())
         if (step + 1) % c["eval_every"] == 0 or step + 1 == c["steps"]:
@@ -140,6 +147,27 @@ def ddp_train(rank: int, world_size: int, config: dict) -> dict:
     if hasattr(state, "compression_stats"):
         out["compression_stats"] = state.compression_stats()
     return out
+
+
+def train_several(rank: int, world_size: int, configs: list[dict]) -> list[dict]:
+    """Worker: :func:`ddp_train` once per config, one after another in the same processes
+    (starting processes costs seconds; a notebook experiment starts them once)."""
+    return [ddp_train(rank, world_size, c) for c in configs]
+
+
+def bucket_layouts(rank: int, world_size: int, hidden: int = 512, bucket_cap_mb: float = 1.0,
+                   iterations: int = 2) -> list[dict]:
+    """Worker: the buckets DDP hands its hook in the first ``iterations`` iterations of a new model."""
+    x, y, _, _ = digits_tensors(seed=0)
+    model = DDP(mlp(hidden=hidden, seed=0), bucket_cap_mb=bucket_cap_mb)
+    log = hooks.BucketLog()
+    model.register_comm_hook(log, hooks.logging_allreduce_hook)
+    for it in range(iterations):
+        before = len(log.calls)
+        nn.functional.cross_entropy(model(x[:32]), y[:32]).backward()
+        for call in log.calls[before:]:
+            call["iteration"] = it
+    return log.calls
 
 
 def main(argv=None) -> None:

@@ -10,11 +10,6 @@ from course_lib.digits import mlp
 from course_lib.train import ddp_train
 
 
-def several(rank, world_size, configs):
-    """ddp_train once per config, in the same processes."""
-    return [ddp_train(rank, world_size, c) for c in configs]
-
-
 def seed_usages(rank, world_size):
     """The usages from torch's documentation, written exactly so."""
     out = {}

@@ -3,6 +3,7 @@ from torch import nn
 
 from course_lib.digits import digits_tensors, mlp
 from course_lib.launch import spawn
+from course_lib.train import train_several
 from tests import ddp_workers as W
 
 STEPS, BATCH = 6, 64
@@ -25,7 +26,7 @@ def _reference_params(steps=STEPS, batch=BATCH, lr=0.1):
 
 def _run(hook_names, world_size=2):
     configs = [dict(hook=h, steps=STEPS, batch_size=BATCH, eval_every=STEPS) for h in hook_names]
-    return spawn(W.several, world_size, configs, backend="gloo")
+    return spawn(train_several, world_size, configs, backend="gloo")
 
 
 def _close(a, b, rtol, atol):

@@ -7,7 +7,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_p
 
 from course_lib import powersgd
 from course_lib.launch import WorkerError, spawn
-from course_lib.train import ddp_train
+from course_lib.train import ddp_train, train_several
 from tests import ddp_workers as W
 
 
@@ -40,10 +40,10 @@ def test_should_compress_matches_torch():
 def test_same_seed_same_numbers_as_torch_step_by_step():
     configs = []
     for r in (1, 2, 4):
-        base = dict(steps=15, start_iter=4, rank=r, record_params=True, bucket_cap_mb=100, hidden=96, lr=0.3,
+        base = dict(steps=20, start_iter=4, rank=r, record_params=True, bucket_cap_mb=100, hidden=96, lr=0.1,
                     eval_every=15)
         configs += [dict(base, hook="torch_powersgd"), dict(base, hook="powersgd")]
-    out = spawn(W.several, 2, configs, backend="gloo", timeout_s=300)[0]
+    out = spawn(train_several, 2, configs, backend="gloo", timeout_s=300)[0]
     for i in range(0, len(configs), 2):
         theirs, ours = out[i], out[i + 1]
         assert ours["bytes"][-1] > 0
@@ -66,7 +66,7 @@ def test_many_small_buckets_keep_ranks_identical(world_size):
 
 def test_resume_from_checkpoint_equals_training_straight_through():
     cfg = dict(hook="powersgd", steps=24, start_iter=5, rank=2, hidden=96, lr=0.3, eval_every=24)
-    straight, resumed = spawn(W.several, 2, [cfg, dict(cfg, resume_at=12)], backend="gloo")[0]
+    straight, resumed = spawn(train_several, 2, [cfg, dict(cfg, resume_at=12)], backend="gloo")[0]
     for a, b in zip(straight["final_params"], resumed["final_params"]):
         assert _rel(b, a) < 1e-5
     assert straight["bytes"] == resumed["bytes"]
