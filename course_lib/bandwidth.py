@@ -17,7 +17,7 @@ import time
 import torch
 import torch.distributed as dist
 
-__all__ = ["BUS_FACTORS", "bus_factor", "measure_collective"]
+__all__ = ["BUS_FACTORS", "bus_factor", "measure_collective", "sweep", "fit_ring_all_reduce", "predict_step_time"]
 
 BUS_FACTORS = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -93,3 +93,41 @@ def measure_collective(op: str, sizes_bytes, iters: int = 5, warmup: int = 1, de
         algbw = nbytes / median / 1e9
         rows.append({"size_bytes": nbytes, "time_s": median, "algbw_GBps": algbw, "busbw_GBps": algbw * factor})
     return rows
+
+
+def sweep(rank: int, world_size: int, ops=("all_reduce",), sizes_bytes=None, iters: int = 5,
+          warmup: int = 1) -> dict:
+    """Worker: :func:`measure_collective` for each op on this worker's device (``cuda:rank`` under
+    NCCL, else the CPU). Sizes default to 4 KB-256 MB on a GPU, 4 KB-64 MB on a CPU."""
+    from course_lib.launch import worker_device
+
+    device = worker_device()
+    if sizes_bytes is None:
+        top = 256 * 2**20 if device.type == "cuda" else 64 * 2**20
+        sizes_bytes = [4096 * 4**k for k in range(20) if 4096 * 4**k <= top]
+    out = {"backend": dist.get_backend(), "device": str(device), "world_size": world_size}
+    for op in ops:
+        out[op] = measure_collective(op, sizes_bytes, iters=iters, warmup=warmup, device=device)
+    return out
+
+
+def fit_ring_all_reduce(rows: list[dict], world_size: int) -> tuple[float, float]:
+    """alpha (s) and bus bandwidth (GB/s) of a ring all-reduce fitted to measured ``rows``.
+
+    The ring's time is 2(p-1) alpha + n / busbw (nccl-tests' busbw is defined so that the
+    bandwidth term is exactly that), a straight line in n: its intercept and slope give both.
+    """
+    from course_lib.alphabeta import fit_alpha_beta
+
+    intercept, slope = fit_alpha_beta([r["size_bytes"] for r in rows], [r["time_s"] for r in rows])
+    alpha = intercept / (2 * (world_size - 1)) if world_size > 1 else 0.0
+    return alpha, (1 / slope / 1e9 if slope > 0 else float("inf"))
+
+
+def predict_step_time(compute_s: float, nbytes: float, collectives: int, world_size: int, busbw_GBps: float,
+                      alpha_s: float) -> float:
+    """Seconds per training step if the all-reduces do not overlap computation (the course's hooks):
+    compute, plus for each ring all-reduce 2(p-1) alpha, plus all the bytes at the bus bandwidth."""
+    if world_size == 1:
+        return compute_s
+    return compute_s + collectives * 2 * (world_size - 1) * alpha_s + nbytes / (busbw_GBps * 1e9)

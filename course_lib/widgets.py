@@ -13,7 +13,7 @@ import torch
 
 from course_lib import lowrank
 
-__all__ = ["hopper_gray", "default_matrices", "rank_explorer"]
+__all__ = ["hopper_gray", "default_matrices", "rank_explorer", "INTERCONNECTS", "bandwidth_explorer"]
 
 
 def hopper_gray() -> torch.Tensor:
@@ -113,3 +113,71 @@ def rank_explorer(matrices: dict[str, torch.Tensor] | None = None, rank: int = 4
     seed, so the same rank always shows the same numbers) and redraws it beside the original.
     """
     return RankExplorer(matrices if matrices is not None else default_matrices(), rank, max_rank, iters, seed)
+
+
+# Interconnects for the what-if: bus bandwidth (GB/s) and a latency per message (s). Bandwidths
+# from nccl-tests reports and NCCL's model (../shared/FACTS.md); latencies are typical orders of
+# magnitude, an assumption stated in notebook 05.
+INTERCONNECTS = {
+    "1 Gb/s Ethernet": (0.125, 50e-6),
+    "10 Gb/s Ethernet": (1.25, 20e-6),
+    "100 Gb/s Ethernet": (12.5, 10e-6),
+    "PCIe Gen4 x16": (24.0, 5e-6),
+    "NVLink (H100, 8 GPUs)": (400.0, 3e-6),
+    "900 GB/s": (900.0, 3e-6),
+}
+
+
+class BandwidthExplorer(widgets.VBox):
+    """A bus-bandwidth slider over the predicted step time of each hook: ``.bandwidth`` (a
+    FloatLogSlider in GB/s), ``.text`` (HTML table) and ``.plot`` (PNG)."""
+
+    def __init__(self, hooks: dict[str, dict], world_size: int, alpha_s: float = 10e-6, busbw: float = 1.25):
+        from course_lib.bandwidth import predict_step_time
+
+        if "all-reduce" not in hooks:
+            raise ValueError("hooks must contain an 'all-reduce' entry: speed-ups are relative to it")
+        self.hooks, self.world_size, self.alpha_s = hooks, world_size, alpha_s
+        self._predict = predict_step_time
+        self.bandwidth = widgets.FloatLogSlider(value=busbw, base=10, min=-1, max=3, step=0.05,
+                                                description="GB/s", continuous_update=False)
+        self.text = widgets.HTML()
+        self.plot = widgets.Image(format="png")
+        super().__init__([self.bandwidth, self.text, self.plot])
+        self.bandwidth.observe(self._update, names="value")
+        self._update()
+
+    def predictions(self, busbw: float | None = None) -> dict[str, float]:
+        busbw = self.bandwidth.value if busbw is None else busbw
+        return {name: self._predict(h["compute_s"], h["bytes"], h["collectives"], self.world_size, busbw,
+                                    self.alpha_s) for name, h in self.hooks.items()}
+
+    def _update(self, change=None):
+        pred = self.predictions()
+        base = pred["all-reduce"]
+        rows = "".join(f"<tr><td>{n}</td><td>{t * 1e3:.2f} ms</td><td>{base / t:.2f}x</td></tr>"
+                       for n, t in pred.items())
+        self.text.value = (f"<b>bus bandwidth {self.bandwidth.value:.3g} GB/s</b>, "
+                           f"latency {self.alpha_s * 1e6:.0f} µs, "
+                           f"{self.world_size} workers<table><tr><th>hook</th><th>step time</th>"
+                           f"<th>speed-up vs all-reduce</th></tr>{rows}</table>")
+        fig, ax = plt.subplots(figsize=(6, 2.6))
+        names = list(pred)
+        ax.barh(names, [pred[n] * 1e3 for n in names])
+        ax.invert_yaxis()
+        ax.set_xlabel("predicted step time (ms)")
+        ax.set_title(f"At {self.bandwidth.value:.3g} GB/s")
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=72, bbox_inches="tight")
+        plt.close(fig)
+        self.plot.value = buf.getvalue()
+
+
+def bandwidth_explorer(hooks: dict[str, dict], world_size: int, alpha_s: float = 10e-6,
+                       busbw: float = 1.25) -> BandwidthExplorer:
+    """Slide the interconnect's bus bandwidth; see each hook's predicted step time and speed-up.
+
+    ``hooks`` maps a name to ``{"compute_s": ..., "bytes": ..., "collectives": ...}`` per step
+    (measured), one of them named "all-reduce".
+    """
+    return BandwidthExplorer(hooks, world_size, alpha_s, busbw)

@@ -61,3 +61,22 @@ def test_ping_pong_times_grow_with_size():
     rows = spawn(ab.ping_pong, 2, [4096, 4 * 2**20], 3, backend="gloo")[0]
     assert [n for n, _ in rows] == [4096, 4 * 2**20]
     assert rows[1][1] > rows[0][1] > 0
+
+
+def test_sweep_worker_on_gloo():
+    out = spawn(bw.sweep, 2, ("all_reduce", "broadcast"), [4096, 65536], 2, backend="gloo")[0]
+    assert out["backend"] == "gloo" and out["device"] == "cpu" and out["world_size"] == 2
+    assert [r["size_bytes"] for r in out["all_reduce"]] == [4096, 65536]
+
+
+def test_fit_ring_all_reduce_recovers_latency_and_bus_bandwidth():
+    p, alpha, busbw = 4, 20e-6, 5.0
+    sizes = [4096 * 4**k for k in range(9)]
+    rows = [{"size_bytes": n, "time_s": 2 * (p - 1) * alpha + n / (busbw * 1e9)} for n in sizes]
+    a, b = bw.fit_ring_all_reduce(rows, p)
+    assert a == pytest.approx(alpha, rel=1e-6) and b == pytest.approx(busbw, rel=1e-6)
+
+
+def test_predict_step_time():
+    assert bw.predict_step_time(0.01, 1e9, 2, 4, 10.0, 1e-5) == pytest.approx(0.01 + 2 * 6 * 1e-5 + 0.1)
+    assert bw.predict_step_time(0.01, 1e9, 2, 1, 10.0, 1e-5) == 0.01

@@ -49,3 +49,20 @@ def test_picture_is_redrawn_when_the_rank_moves():
     assert first[:4] == b"\x89PNG"
     w.rank.value = 2
     assert w.plot.value != first
+
+
+def test_bandwidth_slider_changes_predictions():
+    from course_lib.widgets import bandwidth_explorer
+
+    hooks = {"all-reduce": {"compute_s": 0.005, "bytes": 6_000_000, "collectives": 1},
+             "PowerSGD r=2": {"compute_s": 0.012, "bytes": 45_000, "collectives": 2}}
+    w = bandwidth_explorer(hooks, world_size=2, alpha_s=10e-6, busbw=0.125)
+    assert w.bandwidth.description == "GB/s"
+    slow = w.predictions()
+    assert slow["PowerSGD r=2"] < slow["all-reduce"]  # a slow link: compression wins
+    before = w.text.value
+    assert "speed-up vs all-reduce" in before and "1.00x" in before
+    w.bandwidth.value = 100.0
+    assert w.text.value != before
+    fast = w.predictions()
+    assert fast["PowerSGD r=2"] > fast["all-reduce"]  # a fast link: its computation costs more
