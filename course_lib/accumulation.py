@@ -4,15 +4,15 @@
 scaled so the k losses sum to the large batch's loss, leave in ``.grad`` exactly the gradient of
 the large batch, while only one micro-batch's activations are alive at a time. This module holds
 the accumulation step (the naive, buggy version beside the right one), a measurement of activation
-memory, and, for DDP, a communication hook that counts all-reduces so that ``no_sync`` can be seen
-to save k - 1 of every k.
+memory, and a DDP experiment that counts all-reduces (through ``course_lib.hooks``) so that
+``no_sync`` can be seen to save k - 1 of every k.
 """
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from course_lib import hooks
 from course_lib.digits import digits_tensors, mlp
 
 __all__ = [
@@ -21,8 +21,6 @@ __all__ = [
     "accumulate",
     "train",
     "saved_activation_bytes",
-    "AllReduceCounter",
-    "counting_allreduce_hook",
     "ddp_accumulation_worker",
     "graph_lines",
     "snapshot",
@@ -120,26 +118,6 @@ def saved_activation_bytes(model: nn.Module, x: torch.Tensor) -> int:
     return sum(seen.values())
 
 
-class AllReduceCounter:
-    """State for :func:`counting_allreduce_hook`: how many all-reduces DDP asked for, and their bytes."""
-
-    def __init__(self, process_group=None):
-        self.process_group = process_group
-        self.calls = 0
-        self.bytes = 0
-
-
-def counting_allreduce_hook(state: AllReduceCounter, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP's default behaviour (average the bucket over ranks), counting each all-reduce it issues."""
-    group = state.process_group or dist.group.WORLD
-    buffer = bucket.buffer()
-    state.calls += 1
-    state.bytes += buffer.numel() * buffer.element_size()
-    buffer.div_(dist.get_world_size(group))
-    fut = dist.all_reduce(buffer, group=group, async_op=True).get_future()
-    return fut.then(lambda f: f.value()[0])
-
-
 def ddp_accumulation_worker(rank: int, world_size: int, k: int, steps: int, global_batch: int,
                             lr: float = 0.1, seed: int = 0) -> dict:
     """Train the digits MLP under DDP with k micro-batches per step, with and without ``no_sync``.
@@ -156,8 +134,9 @@ def ddp_accumulation_worker(rank: int, world_size: int, k: int, steps: int, glob
     out = {}
     for use_no_sync in (False, True):
         model = DDP(mlp(seed=seed))
-        counter = AllReduceCounter()
-        model.register_comm_hook(counter, counting_allreduce_hook)
+        # DDP's own behaviour, through the course's hook, which counts every all-reduce it issues
+        model.register_comm_hook(None, hooks.allreduce_hook)
+        hooks.traffic.reset()
         opt = torch.optim.SGD(model.parameters(), lr=lr)
         for step in range(steps):
             start = step * global_batch + rank * per_rank
@@ -175,8 +154,8 @@ def ddp_accumulation_worker(rank: int, world_size: int, k: int, steps: int, glob
                     (loss_fn(model(x), y) / k).backward()
             opt.step()
         out["no_sync" if use_no_sync else "sync"] = {
-            "all_reduces": counter.calls,
-            "bytes": counter.bytes,
+            "all_reduces": hooks.traffic.collectives,
+            "bytes": hooks.traffic.bytes,
             "params": [p.detach().clone() for p in model.module.parameters()],
         }
     return out

@@ -108,8 +108,13 @@ def time_algorithms(rank: int, world_size: int, sizes_bytes, iters: int = 3) -> 
         "tree_reduce": ("reduce", C.tree_reduce),
         "torch all_reduce": ("all_reduce", None),
     }
-    return {name: measure_collective(op, sizes_bytes, iters=iters, warmup=1, fn=fn)
-            for name, (op, fn) in runs.items()}
+    from course_lib.launch import report_progress
+
+    out = {}
+    for name, (op, fn) in runs.items():
+        out[name] = measure_collective(op, sizes_bytes, iters=iters, warmup=1, fn=fn)
+        report_progress()
+    return out
 
 
 def measure_gamma(nbytes: int = 16 * 2**20, iters: int = 7, threads: int = 1) -> float:

@@ -106,8 +106,12 @@ def sweep(rank: int, world_size: int, ops=("all_reduce",), sizes_bytes=None, ite
         top = 256 * 2**20 if device.type == "cuda" else 64 * 2**20
         sizes_bytes = [4096 * 4**k for k in range(20) if 4096 * 4**k <= top]
     out = {"backend": dist.get_backend(), "device": str(device), "world_size": world_size}
+    from course_lib.launch import report_progress
+
     for op in ops:
-        out[op] = measure_collective(op, sizes_bytes, iters=iters, warmup=warmup, device=device)
+        for size in sizes_bytes:
+            out.setdefault(op, []).extend(measure_collective(op, [size], iters=iters, warmup=warmup, device=device))
+            report_progress()
     return out
 
 

@@ -40,6 +40,7 @@ __all__ = [
     "all_reduce_check",
     "free_port",
     "rendezvous_demo",
+    "report_progress",
 ]
 
 # How long a terminated worker gets to exit before it is killed.
@@ -130,7 +131,22 @@ def _validate_backend(backend: str, world_size: int) -> str:
     raise ValueError(f"unknown backend {backend!r}: use 'auto', 'gloo' or 'nccl'")
 
 
+_progress_queue = None  # set in each worker: where report_progress() sends its counts
+
+
+def report_progress(n: int = 1) -> None:
+    """Inside a worker started by :func:`spawn`: rank 0 has done ``n`` more units of work.
+
+    The parent shows them on a progress bar when ``spawn(..., progress=TOTAL)`` asked for one;
+    elsewhere (other ranks, torchrun, plain calls) this does nothing.
+    """
+    if _progress_queue is not None and os.environ.get("RANK") == "0":
+        _progress_queue.put(("progress", 0, time.time(), n))
+
+
 def _worker(fn, rank, world_size, port, backend, timeout_s, args, results):
+    global _progress_queue
+    _progress_queue = results
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -198,6 +214,8 @@ def _raise_first_failure(procs, results, values, errors, window_s: float = 1.0):
             status, rank, stamp, payload = results.get(timeout=0.1)
         except queue.Empty:
             continue
+        if status == "progress":
+            continue
         if status == "ok":
             values[rank] = pickle.loads(payload)
         else:
@@ -219,7 +237,8 @@ def _raise_first_failure(procs, results, values, errors, window_s: float = 1.0):
     raise WorkerError(rank, exc_type, message, tb) from cause
 
 
-def spawn(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 120.0) -> list:
+def spawn(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 120.0,
+          progress: int | None = None, desc: str | None = None) -> list:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` new processes; return their results.
 
     Each process has the default process group initialized (``dist.get_rank()`` works inside
@@ -240,6 +259,9 @@ def spawn(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 
     :class:`WorkerError` names the rank and carries its exception type, message and traceback.
     If the group has not finished after ``timeout_s`` seconds, every worker is killed and a
     ``TimeoutError`` names the ranks still running.
+
+    ``progress=TOTAL`` shows a ``tqdm`` progress bar (``desc`` its label) that the workers advance
+    with :func:`report_progress`.
     """
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
@@ -266,6 +288,11 @@ def spawn(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 
         for rank in range(world_size)
     ]
     values: dict[int, object] = {}
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=progress, desc=desc or getattr(fn, "__name__", "workers"))
     try:
         for p in procs:
             p.start()
@@ -284,11 +311,16 @@ def spawn(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 
                 if any(r not in values and not p.is_alive() for r, p in enumerate(procs)):
                     _raise_first_failure(procs, results, values, {})
                 continue
-            if status == "ok":
+            if status == "progress":
+                if bar is not None:
+                    bar.update(payload)
+            elif status == "ok":
                 values[rank] = pickle.loads(payload)
             else:
                 _raise_first_failure(procs, results, values, {rank: (stamp, payload)})
     finally:
+        if bar is not None:
+            bar.close()
         _stop(procs)
         results.close()
         results.join_thread()

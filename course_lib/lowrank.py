@@ -150,10 +150,14 @@ def _median_time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def time_methods(shapes, rank: int = 2, repeats: int = 5, seed: int = 0) -> list[dict]:
+def time_methods(shapes, rank: int = 2, repeats: int = 5, seed: int = 0, progress: bool = False) -> list[dict]:
     """Median seconds of a full SVD, ``torch.svd_lowrank`` and one power-iteration step, per shape."""
     g = torch.Generator().manual_seed(seed)
     rows = []
+    if progress:
+        from tqdm.auto import tqdm
+
+        shapes = tqdm(shapes, desc="timing")
     for n, m in shapes:
         M = torch.randn(n, m, generator=g)
         q = torch.randn(m, rank, generator=g)

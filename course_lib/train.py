@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib import hooks, powersgd
 from course_lib.digits import digits_tensors, mlp
+from course_lib.launch import report_progress
 
 __all__ = ["HOOKS", "make_hook", "ddp_train", "train_several", "bucket_layouts", "main"]
 
@@ -137,6 +138,7 @@ def ddp_train(rank: int, world_size: int, config: dict) -> dict:
             out["error_norm"].append(sum(e.double().square().sum().item() for e in errors.values()) ** 0.5)
         if c["record_params"]:
             out["params"].append(torch.cat([p.detach().flatten() for p in model.module.parameters()]).cpu())
+        report_progress()
         if (step + 1) % c["eval_every"] == 0 or step + 1 == c["steps"]:
             with torch.no_grad():
                 logits = model.module(x_test)

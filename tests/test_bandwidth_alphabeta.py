@@ -58,8 +58,8 @@ def test_fit_recovers_alpha_and_beta():
 
 
 def test_ping_pong_times_grow_with_size():
-    rows = spawn(ab.ping_pong, 2, [4096, 4 * 2**20], 3, backend="gloo")[0]
-    assert [n for n, _ in rows] == [4096, 4 * 2**20]
+    rows = spawn(ab.ping_pong, 2, [4096, 32 * 2**20], 3, backend="gloo")[0]
+    assert [n for n, _ in rows] == [4096, 32 * 2**20]
     assert rows[1][1] > rows[0][1] > 0
 
 

@@ -141,3 +141,10 @@ def test_rendezvous_demo_meets_through_tcp_file_and_env(tmp_path):
     for rank, rows in enumerate(out):
         assert [r["method"] for r in rows] == ["tcp", "file", "env"]
         assert all(r["rank"] == rank and r["sum"] == 3.0 for r in rows)
+
+
+def test_progress_bar_counts_rank_zero_reports(capsys):
+    out = launch.spawn(workers.count_up, 2, 5, backend="gloo", progress=5, desc="counting")
+    assert out == [5, 5]
+    err = capsys.readouterr().err
+    assert "counting" in err and "5/5" in err
