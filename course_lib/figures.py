@@ -1,0 +1,136 @@
+"""The course's diagrams, drawn by code so they can be regenerated: ``make figures`` writes ``img/``.
+
+``python -m course_lib.figures [FOLDER]`` draws:
+
+* ``ddp_procedure.png``: broadcast the parameters, forward/backward on each worker's batch,
+  all-reduce the gradients, identical updates;
+* ``bucket_hook_future.png``: how DDP hands gradient buckets to a communication hook;
+* ``powersgd_factorization.png``: M ~ P Q^T, and what each costs to send;
+* ``ring_allreduce.png``: a ring all-reduce on 4 processes, recorded from the algorithm itself.
+"""
+
+import sys
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+from matplotlib.patches import FancyBboxPatch
+
+__all__ = ["ddp_procedure", "bucket_hook_future", "powersgd_factorization", "ring_allreduce", "build_all"]
+
+COLORS = {"param": "#9ecae1", "grad": "#fdae6b", "avg": "#a1d99b", "box": "#f0f0f0", "hook": "#fdd0a2"}
+
+
+def _box(ax, x, y, w, h, text, color, fontsize=8):
+    ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02", facecolor=color, edgecolor="#555555"))
+    ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=fontsize)
+
+
+def _arrow(ax, start, end, text=None, color="#333333"):
+    ax.annotate("", xy=end, xytext=start, arrowprops=dict(arrowstyle="->", color=color, lw=1.2))
+    if text:
+        lift = 0.03 * (ax.get_ylim()[1] - ax.get_ylim()[0])
+        ax.text((start[0] + end[0]) / 2, (start[1] + end[1]) / 2 + lift, text, ha="center", fontsize=7)
+
+
+def ddp_procedure():
+    """Four steps of data-parallel training on three workers."""
+    fig, axes = plt.subplots(1, 4, figsize=(14, 3.4))
+    titles = ["1. broadcast parameters\n(once, from rank 0)", "2. forward + backward\n(each on its own batch)",
+              "3. all-reduce gradients\n(average over workers)", "4. optimizer step\n(identical everywhere)"]
+    for ax, title in zip(axes, titles):
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.axis("off")
+        ax.set_title(title, fontsize=9)
+    ys = [0.72, 0.42, 0.12]
+    for i, y in enumerate(ys):
+        _box(axes[0], 0.55, y, 0.38, 0.16, f"rank {i}: θ", COLORS["param"])
+        _box(axes[1], 0.05, y, 0.42, 0.16, f"batch {i} → loss", COLORS["box"])
+        _box(axes[1], 0.58, y, 0.38, 0.16, f"g{i} = ∇loss{i}", COLORS["grad"])
+        _arrow(axes[1], (0.47, y + 0.08), (0.58, y + 0.08))
+        _box(axes[2], 0.05, y, 0.3, 0.16, f"g{i}", COLORS["grad"])
+        _box(axes[2], 0.62, y, 0.34, 0.16, "(g0+g1+g2)/3", COLORS["avg"], 7)
+        _box(axes[3], 0.05, y, 0.9, 0.16, "θ ← θ − lr · ḡ", COLORS["param"])
+    _box(axes[0], 0.02, 0.72, 0.3, 0.16, "θ (rank 0)", COLORS["param"])
+    for y in ys:
+        _arrow(axes[0], (0.32, 0.8), (0.55, y + 0.08))
+    for y in ys:
+        _arrow(axes[2], (0.35, y + 0.08), (0.62, y + 0.08))
+    axes[2].text(0.48, 0.02, "ring: every rank sends 2(p−1)/p of g", ha="center", fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def bucket_hook_future():
+    """Backward fills buckets; each full bucket goes through the hook; DDP waits on the futures."""
+    fig, ax = plt.subplots(figsize=(12, 3.6))
+    ax.set_xlim(0, 12)
+    ax.set_ylim(0, 4)
+    ax.axis("off")
+    _box(ax, 0.1, 2.6, 2.3, 0.9, "loss.backward()\ngradients appear\nlast layer first", COLORS["box"])
+    _box(ax, 3.0, 2.9, 2.2, 0.6, "bucket 0: layer 3, 2", COLORS["grad"])
+    _box(ax, 3.0, 2.0, 2.2, 0.6, "bucket 1: layer 1", COLORS["grad"])
+    _box(ax, 6.0, 2.4, 2.6, 1.0, "hook(state, bucket)\nstarts the collective:\nall-reduce, fp16, PowerSGD",
+         COLORS["hook"])
+    _box(ax, 9.3, 2.5, 2.5, 0.8, "Future[Tensor]\n= averaged bucket", COLORS["avg"])
+    _box(ax, 3.0, 0.4, 5.6, 0.9, "DDP waits for every bucket's future, copies the results into .grad", COLORS["box"])
+    _box(ax, 9.3, 0.4, 2.5, 0.9, "optimizer.step()", COLORS["param"])
+    _arrow(ax, (2.4, 3.05), (3.0, 3.2), "ready")
+    _arrow(ax, (2.4, 2.9), (3.0, 2.3))
+    _arrow(ax, (5.2, 3.2), (6.0, 3.0), "in bucket order")
+    _arrow(ax, (5.2, 2.3), (6.0, 2.7))
+    _arrow(ax, (8.6, 2.9), (9.3, 2.9), "returns")
+    _arrow(ax, (10.5, 2.5), (7.5, 1.3))
+    _arrow(ax, (8.6, 0.85), (9.3, 0.85))
+    ax.text(6.0, 1.75, "communication of bucket 0 overlaps the backward pass of bucket 1", fontsize=7, style="italic")
+    fig.tight_layout()
+    return fig
+
+
+def powersgd_factorization(n: int = 8, m: int = 6, r: int = 2):
+    """M (n x m) is sent as P (n x r) and Q (m x r): (n + m) r numbers instead of n m."""
+    fig, ax = plt.subplots(figsize=(9, 3.4))
+    ax.set_xlim(0, 20)
+    ax.set_ylim(-1.5, n + 1)
+    ax.axis("off")
+    ax.add_patch(plt.Rectangle((0, 0), m, n, facecolor=COLORS["grad"], edgecolor="black"))
+    ax.text(m / 2, n / 2, "M\nn × m", ha="center", va="center", fontsize=12)
+    ax.text(m + 1, n / 2, "≈", fontsize=22, va="center")
+    ax.add_patch(plt.Rectangle((m + 2.5, 0), r, n, facecolor=COLORS["param"], edgecolor="black"))
+    ax.text(m + 2.5 + r / 2, n / 2, "P\nn×r", ha="center", va="center", fontsize=10)
+    ax.text(m + 3.2 + r, n / 2, "×", fontsize=18, va="center")
+    ax.add_patch(plt.Rectangle((m + 4.5 + r, n - r), m, r, facecolor=COLORS["avg"], edgecolor="black"))
+    ax.text(m + 4.5 + r + m / 2, n - r / 2, "Qᵀ  r × m", ha="center", va="center", fontsize=10)
+    ax.text(10, -0.9, f"all-reduce sends n·m numbers; PowerSGD sends (n + m)·r: for a 1024 × 1024 layer at "
+            f"rank 2, {1024 * 1024 // (2048 * 2)}× fewer", ha="center", fontsize=9)
+    ax.text(m + 4.5 + r, n - r - 1.5, "P = M Q,  all-reduce P, orthogonalize\nQ = Mᵀ P,  all-reduce Q, average",
+            fontsize=9, va="top")
+    return fig
+
+
+def ring_allreduce():
+    """The ring all-reduce's real states on 4 gloo processes (this starts processes)."""
+    from course_lib import collectives
+    from course_lib.launch import spawn
+
+    return collectives.plot_ring_trace(spawn(collectives.ring_trace, 4, backend="gloo"))
+
+
+def build_all(folder: str = "img") -> list[Path]:
+    """Draw every figure into ``folder``; returns the files written."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, make in [("ddp_procedure", ddp_procedure), ("bucket_hook_future", bucket_hook_future),
+                       ("powersgd_factorization", powersgd_factorization), ("ring_allreduce", ring_allreduce)]:
+        fig = make()
+        path = out / f"{name}.png"
+        fig.savefig(path, bbox_inches="tight", dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    for path in build_all(sys.argv[1] if len(sys.argv) > 1 else "img"):
+        print("wrote", path)
