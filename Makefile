@@ -7,7 +7,7 @@ NBVAL  := $(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-w
 # JupyterLab refuses to run as root unless told; containers often run as root.
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: lab test lint unit nbval notebooks figures clean
+.PHONY: lab test lint unit nbval browser notebooks figures clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +31,12 @@ lint: $(VENV)/.test
 	$(BIN)/ruff check course_lib tests benchmarks notebooks
 
 unit: $(VENV)/.test
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q tests --ignore=tests/test_browser.py
+
+# Not yet part of `make test` (work in progress: notebooks 02 and 04 do not finish in it yet).
+# Skipped with the reason shown (-rs) where chromium is missing: `apt-get install chromium`.
+browser: $(VENV)/.test
+	$(BIN)/python -m pytest -q -rs tests/test_browser.py
 
 nbval: $(VENV)/.test
 	$(NBVAL) notebooks
