@@ -11,6 +11,7 @@ Skipped, with the reason shown by ``pytest -rs``, when chromium or Playwright is
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -25,9 +26,10 @@ from course_lib.launch import free_port
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
 SHOTS = ROOT / "screenshots"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
 
 try:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 except ImportError:  # pragma: no cover - reported as a skip
     sync_playwright = None
@@ -48,6 +50,11 @@ def lab(tmp_path_factory):
     settings = work / "settings" / "@jupyterlab" / "notebook-extension"
     settings.mkdir(parents=True)
     (settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
+    # offline: no news or update checks (and no pop-up asking about them over the screenshots)
+    news = work / "settings" / "@jupyterlab" / "apputils-extension"
+    news.mkdir(parents=True)
+    (news / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false",
+                                                                       "checkForUpdates": False}))
     port = free_port()
     env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(work / "settings"), JUPYTER_CONFIG_DIR=str(work / "config"))
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ServerApp.ip=127.0.0.1",
@@ -88,9 +95,10 @@ def browser():
         b.close()
 
 
-NOTEBOOK_READY = """() => {
+# Ready: the notebook we opened (not a tab restored from an earlier page) is current, with an idle kernel
+NOTEBOOK_READY = """(name) => {
     const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
-    if (!w || !w.sessionContext || !w.context || !w.context.isReady) return false;
+    if (!w || !w.sessionContext || !w.context || !w.context.isReady || !w.context.path.endsWith(name)) return false;
     const k = w.sessionContext.session && w.sessionContext.session.kernel;
     return !!k && k.status === 'idle';
 }"""
@@ -104,6 +112,29 @@ ALL_RUN = """(n) => {
     const failed = cells.some(c => c.outputs.toJSON().some(o => o.output_type === 'error'));
     return failed || cells.every(c => c.executionCount !== null && c.executionCount >= n);
 }"""
+
+# For a timeout's message: the first code cells that have not finished, with their last output
+PENDING = """() => {
+    const w = window.jupyterapp.shell.currentWidget;
+    const out = [];
+    Array.from(w.content.model.cells).forEach((c, i) => {
+        if (c.type !== 'code' || !c.sharedModel.getSource().trim() || c.executionCount !== null) return;
+        const outs = c.outputs.toJSON().map(o => JSON.stringify(o.text || o.data || o.evalue || '').slice(-300));
+        out.push(`cell ${i} (${c.sharedModel.getSource().split('\\n')[0]}): ${outs.join(' | ')}`);
+    });
+    return out.slice(0, 3);
+}"""
+
+KERNEL_IDLE = "() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'"
+
+SHUTDOWN = """() => {
+    const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+    return w && w.sessionContext ? w.sessionContext.shutdown() : null;
+}"""
+
+# Every picture in the notebook (plots, the img/ diagrams): whether the browser decoded it
+PICTURES = """() => Array.from(document.querySelectorAll('.jp-Notebook img'))
+    .map(i => i.complete && i.naturalWidth > 0)"""
 
 ERRORS = """() => {
     const w = window.jupyterapp.shell.currentWidget;
@@ -119,12 +150,19 @@ ERRORS = """() => {
 
 
 def _open_and_run(page, lab, name, timeout_s=240):
-    page.goto(f"{lab}/lab/tree/notebooks/{name}", wait_until="domcontentloaded")
-    page.wait_for_function(NOTEBOOK_READY, timeout=120_000)
+    # A workspace of its own: JupyterLab would otherwise reopen the earlier notebooks' tabs, and
+    # run-all could reach one of them before this notebook is in front.
+    page.goto(f"{lab}/lab/workspaces/{Path(name).stem}/tree/notebooks/{name}?reset", wait_until="domcontentloaded")
+    page.wait_for_function(NOTEBOOK_READY, arg=name, timeout=120_000)
     page.screenshot(path=str(SHOTS / f"{name}.before.png"))
     page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
     page.wait_for_timeout(1000)
-    page.wait_for_function(ALL_RUN, arg=1, timeout=timeout_s * 1000, polling=1000)
+    try:
+        page.wait_for_function(ALL_RUN, arg=1, timeout=timeout_s * 1000, polling=1000)
+    except PlaywrightTimeout:
+        page.screenshot(path=str(SHOTS / f"{name}.timeout.png"), full_page=True)
+        pytest.fail(f"{name}: run-all did not finish in {timeout_s} s; cells not yet run or still running: "
+                    f"{page.evaluate(PENDING)}")
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
@@ -135,26 +173,65 @@ def test_notebook_runs_in_jupyterlab_without_errors(lab, browser, name):
         errors = page.evaluate(ERRORS)
         page.screenshot(path=str(SHOTS / f"{name}.after.png"), full_page=True)
         assert errors == [], f"{name}: cells ended in errors: {errors}"
-        # every notebook draws figures: they must be in the page as images
-        assert page.locator(".jp-OutputArea-output img").count() > 0, f"{name}: no figure rendered"
+        # every notebook draws figures, and shows the img/ diagrams it names: all must be decoded images
+        shown = page.evaluate(PICTURES)
+        diagrams = (ROOT / "notebooks" / name).read_text().count("../img/")
+        assert len(shown) > diagrams and all(shown), f"{name}: {len(shown)} pictures, decoded: {shown}"
         if name.startswith("03_"):
             _move_rank_slider(page)
+        if name.startswith("05_"):
+            _move_bandwidth_slider(page)
     finally:
+        # as a student closing the notebook: its kernel and any workers go away
+        page.evaluate(SHUTDOWN)
         page.close()
+
+
+def _press(page, slider, key, times):
+    """Keyboard on the slider's handle, as a student without a mouse would."""
+    slider.locator(".noUi-handle").first.focus()
+    for _ in range(times):
+        page.keyboard.press(key)
+
+
+def _wait_changed(page, locator, attribute, before):
+    """Wait until the kernel has answered the widget: the element changed and the kernel is idle again."""
+    page.wait_for_function(f"([el, before]) => el.{attribute} !== before", arg=[locator.element_handle(), before],
+                           timeout=60_000)
+    page.wait_for_function(KERNEL_IDLE, timeout=60_000, polling=250)
 
 
 def _move_rank_slider(page):
     slider = page.locator(".widget-slider", has=page.locator("label", has_text="rank")).first
     slider.scroll_into_view_if_needed()
     text = page.locator(".widget-html", has_text="relative error").first
-    before = text.inner_text()
+    picture = text.locator("xpath=following-sibling::img[1]")
+    before, src = text.inner_text(), picture.get_attribute("src")
     page.screenshot(path=str(SHOTS / "03_rank_slider.before.png"))
-    handle = slider.locator(".noUi-handle").first
-    handle.focus()
-    for _ in range(3):
-        page.keyboard.press("ArrowRight")
-    # 4 (the stored state) + three steps to the right; the kernel recomputes after each
+    _press(page, slider, "ArrowRight", 3)
+    # 4 (the stored state) + three steps to the right; the kernel recomputes and redraws
     page.wait_for_function("el => el.innerText.startsWith('rank 7:')", arg=text.element_handle(), timeout=60_000)
+    _wait_changed(page, picture, "src", src)
     after = text.inner_text()
     page.screenshot(path=str(SHOTS / "03_rank_slider.after.png"))
     assert before.startswith("rank 4:") and "relative error" in after and after != before
+    # the matrix dropdown: the photograph has other numbers at the same rank
+    page.locator(".widget-dropdown select").first.select_option(label="grace_hopper.jpg in grey (600 x 512)")
+    _wait_changed(page, text, "innerText", after)
+    page.screenshot(path=str(SHOTS / "03_matrix_dropdown.after.png"))
+    assert text.inner_text().startswith("rank 7:")
+
+
+def _move_bandwidth_slider(page):
+    slider = page.locator(".widget-slider", has=page.locator("label", has_text="GB/s")).first
+    slider.scroll_into_view_if_needed()
+    text = page.locator(".widget-html", has_text="bus bandwidth").first
+    picture = text.locator("xpath=following-sibling::img[1]")
+    before, src = text.inner_text(), picture.get_attribute("src")
+    page.screenshot(path=str(SHOTS / "05_bandwidth_slider.before.png"))
+    _press(page, slider, "ArrowRight", 4)  # up the log scale, 0.05 a step
+    _wait_changed(page, text, "innerText", before)
+    _wait_changed(page, picture, "src", src)
+    page.screenshot(path=str(SHOTS / "05_bandwidth_slider.after.png"))
+    gbps = [float(re.search(r"bus bandwidth ([\d.]+) GB/s", t).group(1)) for t in (before, text.inner_text())]
+    assert gbps[0] == 1.25 and gbps[1] > 1.25, gbps
