@@ -62,6 +62,16 @@ def fit_alpha_beta(sizes_bytes, times_s) -> tuple[float, float]:
     return max(sol[0].item(), 0.0), max(sol[1].item(), 0.0)
 
 
+def _bounce(t: torch.Tensor, rank: int) -> None:
+    """One round trip of ``t``: rank 0 sends it to rank 1, which sends it back. Other ranks idle."""
+    if rank == 0:
+        dist.send(t, dst=1)
+        dist.recv(t, src=1)
+    elif rank == 1:
+        dist.recv(t, src=0)
+        dist.send(t, dst=0)
+
+
 def ping_pong(rank: int, world_size: int, sizes_bytes, iters: int = 5) -> list[tuple[int, float]]:
     """Worker: ranks 0 and 1 bounce a message back and forth; one-way seconds per size (median).
 
@@ -70,24 +80,14 @@ def ping_pong(rank: int, world_size: int, sizes_bytes, iters: int = 5) -> list[t
     out = []
     warm = torch.zeros(1)
     for _ in range(20):  # the first messages between two processes are slow: connections, caches
-        if rank == 0:
-            dist.send(warm, dst=1)
-            dist.recv(warm, src=1)
-        elif rank == 1:
-            dist.recv(warm, src=0)
-            dist.send(warm, dst=0)
+        _bounce(warm, rank)
     for size in sizes_bytes:
         t = torch.zeros(max(1, int(size) // 4), dtype=torch.float32)
         times = []
         for i in range(iters + 1):  # the first round trip warms the connection up
             dist.barrier()
             start = time.perf_counter()
-            if rank == 0:
-                dist.send(t, dst=1)
-                dist.recv(t, src=1)
-            elif rank == 1:
-                dist.recv(t, src=0)
-                dist.send(t, dst=0)
+            _bounce(t, rank)
             if i:
                 times.append((time.perf_counter() - start) / 2)
         med = torch.tensor([statistics.median(times)], dtype=torch.float64)

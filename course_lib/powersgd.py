@@ -250,6 +250,14 @@ def _error_feedback(state: PowerSGDState, keys, grads) -> None:
             grad.add_(error.view_as(grad))
 
 
+def _remember_error(state: PowerSGDState, keys, grads, error: torch.Tensor) -> None:
+    """Store ``error`` (flat, laid out as the bucket) per parameter, for the next step's feedback."""
+    offset = 0
+    for key, grad in zip(keys, grads):
+        state.error_dict[key] = error[offset : offset + grad.numel()]
+        offset += grad.numel()
+
+
 def _fresh_q(state: PowerSGDState, shapes, dtype, device) -> list[torch.Tensor]:
     # One seed per bucket and per draw, as torch: fork the CPU generator so training's own random
     # numbers are untouched, draw on the CPU (forking every GPU's generator is slow), then move.
@@ -369,11 +377,7 @@ def powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.future
                 state.q_memory_dict[k] = q[i] if q.dim() == 3 else q
     if state.use_error_feedback:
         # What this rank wanted to send, minus what everyone received.
-        error = before_compression - buffer
-        offset = 0
-        for key, grad in zip(keys, grads):
-            state.error_dict[key] = error[offset : offset + grad.numel()]
-            offset += grad.numel()
+        _remember_error(state, keys, grads, before_compression - buffer)
     state.maybe_increase_iter(bucket)
     return _done(buffer)
 
@@ -422,11 +426,7 @@ def batched_powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torc
     if state.warm_start:
         state.q_memory_dict[layout] = qt.mT.contiguous()
     if state.use_error_feedback:
-        error = before_compression - buffer
-        offset = 0
-        for key, grad in zip(keys, bucket.gradients()):
-            state.error_dict[key] = error[offset : offset + grad.numel()]
-            offset += grad.numel()
+        _remember_error(state, keys, bucket.gradients(), before_compression - buffer)
     state.maybe_increase_iter(bucket)
     return _done(buffer)
 

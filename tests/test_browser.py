@@ -201,34 +201,37 @@ def _wait_changed(page, locator, attribute, before):
     page.wait_for_function(KERNEL_IDLE, timeout=60_000, polling=250)
 
 
-def _move_rank_slider(page):
-    slider = page.locator(".widget-slider", has=page.locator("label", has_text="rank")).first
+def _explorer(page, label, marker, shot):
+    """An explorer widget's slider (by its label), its text (by a word in it) and its picture."""
+    slider = page.locator(".widget-slider", has=page.locator("label", has_text=label)).first
     slider.scroll_into_view_if_needed()
-    text = page.locator(".widget-html", has_text="relative error").first
+    text = page.locator(".widget-html", has_text=marker).first
     picture = text.locator("xpath=following-sibling::img[1]")
+    page.screenshot(path=str(SHOTS / f"{shot}.before.png"))
+    return slider, text, picture
+
+
+def _move_rank_slider(page):
+    slider, text, picture = _explorer(page, "rank", "relative error", "03_rank_slider")
     before, src = text.inner_text(), picture.get_attribute("src")
-    page.screenshot(path=str(SHOTS / "03_rank_slider.before.png"))
     _press(page, slider, "ArrowRight", 3)
     # 4 (the stored state) + three steps to the right; the kernel recomputes and redraws
     page.wait_for_function("el => el.innerText.startsWith('rank 7:')", arg=text.element_handle(), timeout=60_000)
     _wait_changed(page, picture, "src", src)
-    after = text.inner_text()
+    after, src = text.inner_text(), picture.get_attribute("src")
     page.screenshot(path=str(SHOTS / "03_rank_slider.after.png"))
     assert before.startswith("rank 4:") and "relative error" in after and after != before
-    # the matrix dropdown: the photograph has other numbers at the same rank
+    # the matrix menu: the photograph has other numbers, and another picture, at the same rank
     page.locator(".widget-dropdown select").first.select_option(label="grace_hopper.jpg in grey (600 x 512)")
     _wait_changed(page, text, "innerText", after)
-    page.screenshot(path=str(SHOTS / "03_matrix_dropdown.after.png"))
+    _wait_changed(page, picture, "src", src)
+    page.screenshot(path=str(SHOTS / "03_matrix_menu.after.png"))
     assert text.inner_text().startswith("rank 7:")
 
 
 def _move_bandwidth_slider(page):
-    slider = page.locator(".widget-slider", has=page.locator("label", has_text="GB/s")).first
-    slider.scroll_into_view_if_needed()
-    text = page.locator(".widget-html", has_text="bus bandwidth").first
-    picture = text.locator("xpath=following-sibling::img[1]")
+    slider, text, picture = _explorer(page, "GB/s", "bus bandwidth", "05_bandwidth_slider")
     before, src = text.inner_text(), picture.get_attribute("src")
-    page.screenshot(path=str(SHOTS / "05_bandwidth_slider.before.png"))
     _press(page, slider, "ArrowRight", 4)  # up the log scale, 0.05 a step
     _wait_changed(page, text, "innerText", before)
     _wait_changed(page, picture, "src", src)
