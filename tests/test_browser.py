@@ -103,14 +103,18 @@ NOTEBOOK_READY = """(name) => {
     return !!k && k.status === 'idle';
 }"""
 
-ALL_RUN = """(n) => {
+# Stored outputs are cleared before the run, so every count, error and picture seen after it is this run's
+CLEARED = """() => Array.from(window.jupyterapp.shell.currentWidget.content.model.cells)
+    .every(c => c.type !== 'code' || (c.executionCount === null && c.outputs.length === 0))"""
+
+ALL_RUN = """() => {
     const w = window.jupyterapp.shell.currentWidget;
     const k = w.sessionContext.session.kernel;
     const cells = Array.from(w.content.model.cells).filter(c => c.type === 'code' && c.sharedModel.getSource().trim());
     if (k.status !== 'idle' || cells.length === 0) return false;
     // run-all stops at the first error: then the remaining cells never run, and we are done
     const failed = cells.some(c => c.outputs.toJSON().some(o => o.output_type === 'error'));
-    return failed || cells.every(c => c.executionCount !== null && c.executionCount >= n);
+    return failed || cells.every(c => c.executionCount !== null);
 }"""
 
 # For a timeout's message: the first code cells that have not finished, with their last output
@@ -155,10 +159,11 @@ def _open_and_run(page, lab, name, timeout_s=240):
     page.goto(f"{lab}/lab/workspaces/{Path(name).stem}/tree/notebooks/{name}?reset", wait_until="domcontentloaded")
     page.wait_for_function(NOTEBOOK_READY, arg=name, timeout=120_000)
     page.screenshot(path=str(SHOTS / f"{name}.before.png"))
+    page.evaluate("window.jupyterapp.commands.execute('notebook:clear-all-cell-outputs')")
+    page.wait_for_function(CLEARED, timeout=30_000)
     page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
-    page.wait_for_timeout(1000)
     try:
-        page.wait_for_function(ALL_RUN, arg=1, timeout=timeout_s * 1000, polling=1000)
+        page.wait_for_function(ALL_RUN, timeout=timeout_s * 1000, polling=1000)
     except PlaywrightTimeout:
         page.screenshot(path=str(SHOTS / f"{name}.timeout.png"), full_page=True)
         pytest.fail(f"{name}: run-all did not finish in {timeout_s} s; cells not yet run or still running: "
