@@ -7,7 +7,7 @@ NBVAL  := $(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-w
 # JupyterLab refuses to run as root unless told; containers often run as root.
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: lab test lint unit nbval browser notebooks figures clean
+.PHONY: lab test lint unit nbval nbval-other-cpu portability browser notebooks figures clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,8 +24,8 @@ $(VENV)/.test: $(VENV)/.course
 lab: $(VENV)/.course
 	cd notebooks && ../$(BIN)/jupyter lab --no-browser $(ROOT_FLAG)
 
-## Lint, unit tests, every notebook under nbval, and every notebook in JupyterLab in a browser
-test: lint unit nbval browser
+## Lint, unit tests, every notebook under nbval (on this CPU and on an emulated other one), and in a browser
+test: lint unit nbval nbval-other-cpu browser
 
 lint: $(VENV)/.test
 	$(BIN)/ruff check course_lib tests benchmarks notebooks
@@ -40,6 +40,31 @@ browser: $(VENV)/.test
 
 nbval: $(VENV)/.test
 	$(NBVAL) notebooks
+
+# Another CPU, emulated on this one. The stored outputs come from one machine; an instructor's CI
+# runs on another, whose kernels round differently. Three things pick the kernels: PyTorch's own
+# vectorized ones (ATEN_CPU_CAPABILITY), MKL's code path for matrix products (MKL_ENABLE_INSTRUCTIONS,
+# MKL_CBWR: COMPATIBLE is its most basic path) and the number of threads a reduction is split over.
+CPU_DEFAULT := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE
+CPU_AVX2    := ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 MKL_CBWR=AVX2
+CPU_AVX512  := ATEN_CPU_CAPABILITY=avx512
+ONE_THREAD  := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+
+## nbval once more, with the most basic kernels and one thread: a kernel set no machine runs by default
+nbval-other-cpu: $(VENV)/.test
+	env $(CPU_DEFAULT) $(ONE_THREAD) $(NBVAL) notebooks
+
+## nbval under every kernel set this CPU can emulate, and with one thread; says which failed
+portability: $(VENV)/.test
+	@cap=$$($(BIN)/python -c "import torch; print(torch.backends.cpu.get_cpu_capability())"); \
+	failed=""; \
+	run() { echo "== nbval with $$*"; env "$$@" $(NBVAL) -q notebooks || failed="$$failed [$$*]"; }; \
+	run $(CPU_DEFAULT); \
+	case $$cap in AVX2|AVX512) run $(CPU_AVX2);; *) echo "== no AVX2 on this CPU ($$cap): avx2 not run";; esac; \
+	case $$cap in AVX512) run $(CPU_AVX512);; *) echo "== no AVX-512 on this CPU ($$cap): avx512 not run";; esac; \
+	run $(ONE_THREAD); \
+	if [ -n "$$failed" ]; then echo "portability: nbval failed with$$failed"; exit 1; fi; \
+	echo "portability: nbval passed under every kernel set ($$cap CPU)"
 
 ## Re-execute every notebook in place (after changing course_lib or a notebook)
 notebooks: $(VENV)/.test
