@@ -14,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib import hooks
 from course_lib.digits import digits_tensors, mlp
+from course_lib.exercises import check
 
 __all__ = [
     "split",
@@ -237,8 +238,6 @@ def check_accumulate(student_fn) -> bool:
 
     Checked on 48 digits split in 4 equal parts, then in unequal parts [30, 10, 5, 3].
     """
-    from course_lib.exercises import check
-
     return check(lambda s: _grads_after(student_fn, s), lambda s: _grads_after(accumulate, s),
                  [(4,), ([30, 10, 5, 3],)], name=getattr(student_fn, "__name__", "accumulate"))
 
@@ -250,8 +249,6 @@ def micro_batch_loss(logits: torch.Tensor, y: torch.Tensor, n_total: int) -> tor
 
 def check_micro_batch_loss(student_fn) -> bool:
     """Exercise: ``student_fn(logits, y, n_total)`` so that the micro-batch losses sum to the batch's mean loss."""
-    from course_lib.exercises import check
-
     g = torch.Generator().manual_seed(0)
     cases = [(torch.randn(n, 10, generator=g), torch.randint(0, 10, (n,), generator=g), total)
              for n, total in [(30, 48), (3, 48), (16, 16)]]

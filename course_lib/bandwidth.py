@@ -1,11 +1,10 @@
-"""Measuring collectives the way NVIDIA's nccl-tests does: time, algorithm and bus bandwidth.
+"""Measuring collectives on this machine, inside worker processes: the numbers the cost model is fitted to.
 
-* ``algbw = bytes / time``: how fast *this* operation moved the user's buffer.
-* ``busbw = algbw * factor``: the speed each link must have run at, so that numbers for different
-  world sizes and operations compare with each other and with the hardware's peak. The factor
-  counts how much of the buffer crosses each rank's link in the best algorithm: 2(n-1)/n for
-  all-reduce (reduce-scatter plus all-gather), (n-1)/n for all-gather and reduce-scatter, 1 for
-  broadcast and reduce (nccl-tests, doc/PERFORMANCE.md).
+* :func:`measure_collective` and :func:`sweep` time a collective the way NVIDIA's nccl-tests does
+  and report its algorithm and bus bandwidth (definitions in ``course_lib.costmodel``);
+* :func:`ping_pong` times point-to-point messages, to fit alpha and beta; :func:`measure_gamma`
+  times an addition;
+* :func:`time_algorithms` times the course's own collectives against gloo's all-reduce.
 
 ``size_bytes`` is the size of the per-rank buffer for all-reduce, broadcast and reduce, and of the
 *whole* gathered buffer for all-gather and reduce-scatter, as in nccl-tests.
@@ -17,22 +16,11 @@ import time
 import torch
 import torch.distributed as dist
 
-__all__ = ["BUS_FACTORS", "bus_factor", "measure_collective", "sweep", "fit_ring_all_reduce", "predict_step_time"]
+from course_lib import collectives as C
+from course_lib.costmodel import bus_factor
+from course_lib.launch import report_progress, worker_device
 
-BUS_FACTORS = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-    "reduce": lambda n: 1.0,
-}
-
-
-def bus_factor(op: str, world_size: int) -> float:
-    """nccl-tests' factor from algorithm bandwidth to bus bandwidth."""
-    if op not in BUS_FACTORS:
-        raise ValueError(f"unknown collective {op!r}: use one of {sorted(BUS_FACTORS)}")
-    return BUS_FACTORS[op](world_size)
+__all__ = ["measure_collective", "sweep", "ping_pong", "time_algorithms", "measure_gamma"]
 
 
 def _torch_op(op, n):
@@ -99,15 +87,11 @@ def sweep(rank: int, world_size: int, ops=("all_reduce",), sizes_bytes=None, ite
           warmup: int = 1) -> dict:
     """Worker: :func:`measure_collective` for each op on this worker's device (``cuda:rank`` under
     NCCL, else the CPU). Sizes default to 4 KB-256 MB on a GPU, 4 KB-64 MB on a CPU."""
-    from course_lib.launch import worker_device
-
     device = worker_device()
     if sizes_bytes is None:
         top = 256 * 2**20 if device.type == "cuda" else 64 * 2**20
         sizes_bytes = [4096 * 4**k for k in range(20) if 4096 * 4**k <= top]
     out = {"backend": dist.get_backend(), "device": str(device), "world_size": world_size}
-    from course_lib.launch import report_progress
-
     for op in ops:
         for size in sizes_bytes:
             out.setdefault(op, []).extend(measure_collective(op, [size], iters=iters, warmup=warmup, device=device))
@@ -115,23 +99,67 @@ def sweep(rank: int, world_size: int, ops=("all_reduce",), sizes_bytes=None, ite
     return out
 
 
-def fit_ring_all_reduce(rows: list[dict], world_size: int) -> tuple[float, float]:
-    """alpha (s) and bus bandwidth (GB/s) of a ring all-reduce fitted to measured ``rows``.
+def _bounce(t: torch.Tensor, rank: int) -> None:
+    """One round trip of ``t``: rank 0 sends it to rank 1, which sends it back. Other ranks idle."""
+    if rank == 0:
+        dist.send(t, dst=1)
+        dist.recv(t, src=1)
+    elif rank == 1:
+        dist.recv(t, src=0)
+        dist.send(t, dst=0)
 
-    The ring's time is 2(p-1) alpha + n / busbw (nccl-tests' busbw is defined so that the
-    bandwidth term is exactly that), a straight line in n: its intercept and slope give both.
+
+def ping_pong(rank: int, world_size: int, sizes_bytes, iters: int = 5) -> list[tuple[int, float]]:
+    """Worker: ranks 0 and 1 bounce a message back and forth; one-way seconds per size (median).
+
+    Other ranks only wait. Returns ``[(nbytes, seconds), ...]`` on every rank (rank 0's numbers).
     """
-    from course_lib.alphabeta import fit_alpha_beta
+    out = []
+    warm = torch.zeros(1)
+    for _ in range(20):  # the first messages between two processes are slow: connections, caches
+        _bounce(warm, rank)
+    for size in sizes_bytes:
+        t = torch.zeros(max(1, int(size) // 4), dtype=torch.float32)
+        times = []
+        for i in range(iters + 1):  # the first round trip warms the connection up
+            dist.barrier()
+            start = time.perf_counter()
+            _bounce(t, rank)
+            if i:
+                times.append((time.perf_counter() - start) / 2)
+        med = torch.tensor([statistics.median(times)], dtype=torch.float64)
+        dist.broadcast(med, src=0)
+        out.append((t.numel() * 4, med.item()))
+    return out
 
-    intercept, slope = fit_alpha_beta([r["size_bytes"] for r in rows], [r["time_s"] for r in rows])
-    alpha = intercept / (2 * (world_size - 1)) if world_size > 1 else 0.0
-    return alpha, (1 / slope / 1e9 if slope > 0 else float("inf"))
+
+def time_algorithms(rank: int, world_size: int, sizes_bytes, iters: int = 3) -> dict:
+    """Worker: median time of each course algorithm and of gloo's own all-reduce, per size."""
+    runs = {
+        "naive_all_reduce": ("all_reduce", C.naive_all_reduce),
+        "ring_all_reduce": ("all_reduce", C.ring_all_reduce),
+        "tree_broadcast": ("broadcast", C.tree_broadcast),
+        "tree_reduce": ("reduce", C.tree_reduce),
+        "torch all_reduce": ("all_reduce", None),
+    }
+    out = {}
+    for name, (op, fn) in runs.items():
+        out[name] = measure_collective(op, sizes_bytes, iters=iters, warmup=1, fn=fn)
+        report_progress()
+    return out
 
 
-def predict_step_time(compute_s: float, nbytes: float, collectives: int, world_size: int, busbw_GBps: float,
-                      alpha_s: float) -> float:
-    """Seconds per training step if the all-reduces do not overlap computation (the course's hooks):
-    compute, plus for each ring all-reduce 2(p-1) alpha, plus all the bytes at the bus bandwidth."""
-    if world_size == 1:
-        return compute_s
-    return compute_s + collectives * 2 * (world_size - 1) * alpha_s + nbytes / (busbw_GBps * 1e9)
+def measure_gamma(nbytes: int = 16 * 2**20, iters: int = 7, threads: int = 1) -> float:
+    """Seconds per byte of an in-place float32 addition ``a += b``, as a worker does it."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a, b = torch.ones(nbytes // 4), torch.ones(nbytes // 4)
+        times = []
+        for _ in range(iters + 1):
+            start = time.perf_counter()
+            a.add_(b)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times[1:]) / (a.numel() * 4)
+    finally:
+        torch.set_num_threads(saved)

@@ -13,6 +13,8 @@ import traceback
 
 import torch
 
+from course_lib.launch import WorkerError, spawn
+
 __all__ = ["check", "check_distributed", "compare"]
 
 
@@ -116,8 +118,6 @@ def check_distributed(student, reference, make_inputs, world_sizes=(2, 3), *, na
     in a ``.py`` file written from the notebook); ``make_inputs(rank, world_size)`` returns each
     rank's arguments. The reference runs first, then the student's function, on copies.
     """
-    from course_lib.launch import WorkerError, spawn
-
     name = name or getattr(student, "__name__", "your function")
     for world_size in world_sizes:
         try:

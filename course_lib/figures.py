@@ -15,6 +15,9 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyBboxPatch
 
+from course_lib import collectives
+from course_lib.launch import spawn
+
 __all__ = ["ddp_procedure", "bucket_hook_future", "powersgd_factorization", "ring_allreduce", "build_all"]
 
 COLORS = {"param": "#9ecae1", "grad": "#fdae6b", "avg": "#a1d99b", "box": "#f0f0f0", "hook": "#fdd0a2"}
@@ -110,9 +113,6 @@ def powersgd_factorization(n: int = 8, m: int = 6, r: int = 2):
 
 def ring_allreduce():
     """The ring all-reduce's real states on 4 gloo processes (this starts processes)."""
-    from course_lib import collectives
-    from course_lib.launch import spawn
-
     return collectives.plot_ring_trace(spawn(collectives.ring_trace, 4, backend="gloo"))
 
 

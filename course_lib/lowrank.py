@@ -19,6 +19,8 @@ import time
 
 import torch
 
+from course_lib.exercises import check
+
 __all__ = [
     "orthogonalize_",
     "power_iteration",
@@ -181,8 +183,6 @@ def _exercise_matrices(shapes):
 
 def check_orthogonalize(student_fn) -> bool:
     """Exercise: ``student_fn(matrices)`` orthonormalizes the columns in place, like ``orthogonalize_``."""
-    from course_lib.exercises import check
-
     cases = [(m,) for m in _exercise_matrices([(6, 1), (20, 3), (4, 30, 2)])]
     zero = torch.randn(8, 3, generator=torch.Generator().manual_seed(1))
     zero[:, 1] = 0
@@ -196,8 +196,6 @@ def _one_step(M, Q):
 
 def check_power_step(student_fn) -> bool:
     """Exercise: ``student_fn(M, Q)`` returns ``(P, Q_new)``: one step of subspace iteration."""
-    from course_lib.exercises import check
-
     cases = [tuple(_exercise_matrices([(30, 20), (20, 2)])), tuple(_exercise_matrices([(16, 40), (40, 3)]))]
     return check(student_fn, _one_step, cases, name=getattr(student_fn, "__name__", "power_step"), rtol=1e-4,
                  atol=1e-5)

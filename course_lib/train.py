@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib import hooks, powersgd
 from course_lib.digits import digits_tensors, mlp
-from course_lib.launch import report_progress
+from course_lib.launch import init_from_env, report_progress
 
 __all__ = ["HOOKS", "make_hook", "ddp_train", "train_several", "bucket_layouts", "main"]
 
@@ -174,8 +174,6 @@ def bucket_layouts(rank: int, world_size: int, hidden: int = 512, bucket_cap_mb:
 
 def main(argv=None) -> None:
     """``torchrun ... -m course_lib.train --hook powersgd --rank 2``: train, print a summary on rank 0."""
-    from course_lib.launch import init_from_env
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--hook", choices=HOOKS, default="allreduce")
     ap.add_argument("--rank", type=int, default=2, help="PowerSGD's matrix approximation rank")

@@ -12,6 +12,8 @@ import matplotlib.pyplot as plt
 import torch
 
 from course_lib import lowrank
+from course_lib.costmodel import predict_step_time
+from course_lib.digits import gradient_snapshots
 
 __all__ = ["hopper_gray", "default_matrices", "rank_explorer", "INTERCONNECTS", "bandwidth_explorer"]
 
@@ -28,8 +30,6 @@ def hopper_gray() -> torch.Tensor:
 def default_matrices(seed: int = 0) -> dict[str, torch.Tensor]:
     """A real gradient (the digits MLP's 256 x 256 hidden layer after 20 steps), a random matrix
     of the same shape, and the grey photograph."""
-    from course_lib.digits import gradient_snapshots
-
     grad = gradient_snapshots(20, seed=seed)[-1]["2.weight"]
     return {
         "gradient of a hidden layer (256 x 256)": grad,
@@ -133,8 +133,6 @@ class BandwidthExplorer(widgets.VBox):
     FloatLogSlider in GB/s), ``.text`` (HTML table) and ``.plot`` (PNG)."""
 
     def __init__(self, hooks: dict[str, dict], world_size: int, alpha_s: float = 10e-6, busbw: float = 1.25):
-        from course_lib.bandwidth import predict_step_time
-
         if "all-reduce" not in hooks:
             raise ValueError("hooks must contain an 'all-reduce' entry: speed-ups are relative to it")
         self.hooks, self.world_size, self.alpha_s = hooks, world_size, alpha_s

@@ -4,6 +4,8 @@ import torch
 import torch.distributed as dist
 
 from course_lib import collectives as C
+from course_lib.bandwidth import measure_collective
+from course_lib.costmodel import BUS_FACTORS
 
 
 def subgroup(rank, world_size):
@@ -21,8 +23,6 @@ def subgroup(rank, world_size):
 
 
 def measure_all_ops(rank, world_size):
-    from course_lib.bandwidth import BUS_FACTORS, measure_collective
-
     return {op: measure_collective(op, [4096, 65536], iters=2, warmup=1) for op in BUS_FACTORS}
 
 

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from course_lib import collectives as C
+from course_lib.exercises import check_distributed
 from course_lib.launch import spawn
 from tests import collective_workers as W
 
@@ -68,8 +69,6 @@ def test_blocking_ring_shift_deadlocks_and_ring_shift_does_not():
 
 
 def test_exercise_checks(capsys):
-    from course_lib.exercises import check_distributed
-
     assert check_distributed(C.reduce_scatter, C.reduce_scatter, C.exercise_inputs, name="ref")
     assert "[PASS] ref" in capsys.readouterr().out
     assert not check_distributed(W.wrong_reduce_scatter, C.reduce_scatter, C.exercise_inputs, name="wrong")

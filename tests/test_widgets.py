@@ -1,7 +1,7 @@
 import torch
 
 from course_lib import lowrank
-from course_lib.widgets import hopper_gray, rank_explorer
+from course_lib.widgets import bandwidth_explorer, hopper_gray, rank_explorer
 
 
 def _matrices():
@@ -52,8 +52,6 @@ def test_picture_is_redrawn_when_the_rank_moves():
 
 
 def test_bandwidth_slider_changes_predictions():
-    from course_lib.widgets import bandwidth_explorer
-
     hooks = {"all-reduce": {"compute_s": 0.005, "bytes": 6_000_000, "collectives": 1},
              "PowerSGD r=2": {"compute_s": 0.012, "bytes": 45_000, "collectives": 2}}
     w = bandwidth_explorer(hooks, world_size=2, alpha_s=10e-6, busbw=0.125)

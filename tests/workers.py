@@ -6,6 +6,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from course_lib.launch import report_progress
+
 
 def report(rank, world_size, tag):
     t = torch.tensor([float(rank)])
@@ -47,8 +49,6 @@ def big_tensor(rank, world_size):
 
 
 def count_up(rank, world_size, n):
-    from course_lib.launch import report_progress
-
     for _ in range(n):
         report_progress()
     return n

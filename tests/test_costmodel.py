@@ -1,0 +1,52 @@
+"""The cost model: arithmetic checked against formulas written out by hand."""
+
+import pytest
+import torch
+
+from course_lib import costmodel as cm
+
+
+def test_bus_factors_are_nccl_tests_definitions():
+    assert cm.bus_factor("all_reduce", 4) == 1.5
+    assert cm.bus_factor("all_gather", 4) == 0.75
+    assert cm.bus_factor("reduce_scatter", 2) == 0.5
+    assert cm.bus_factor("broadcast", 8) == cm.bus_factor("reduce", 8) == 1.0
+    with pytest.raises(ValueError, match="unknown collective"):
+        cm.bus_factor("allreduce", 2)
+
+
+def test_alpha_beta_formulas():
+    a, b, g = 1e-5, 1e-9, 1e-10
+    n = 1e6
+    assert cm.alpha_beta_time("ring_all_reduce", n, 4, a, b, g) == pytest.approx(6 * a + 1.5 * n * b + 0.75 * n * g)
+    assert cm.alpha_beta_time("naive_all_reduce", n, 4, a, b, g) == pytest.approx(6 * (a + n * b) + 3 * n * g)
+    assert cm.alpha_beta_time("tree_broadcast", n, 5, a, b) == pytest.approx(3 * (a + n * b))
+    assert cm.alpha_beta_time("tree_reduce", n, 4, a, b, g) == pytest.approx(2 * (a + n * b + n * g))
+    assert cm.alpha_beta_time("ring_all_reduce", n, 1, a, b) == 0.0
+    # the ring's bandwidth term stays below 2 n beta however many ranks there are
+    assert cm.alpha_beta_time("ring_all_reduce", n, 1000, 0.0, b) < 2 * n * b
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        cm.alpha_beta_time("ring", n, 2, a, b)
+
+
+def test_fit_recovers_alpha_and_beta():
+    sizes = [2**k for k in range(12, 27, 2)]
+    alpha, beta = 30e-6, 1 / 2e9
+    noise = torch.Generator().manual_seed(0)
+    times = [(alpha + s * beta) * (1 + 0.02 * torch.randn(1, generator=noise).item()) for s in sizes]
+    fa, fb = cm.fit_alpha_beta(sizes, times)
+    assert fa == pytest.approx(alpha, rel=0.1)
+    assert fb == pytest.approx(beta, rel=0.05)
+
+
+def test_fit_ring_all_reduce_recovers_latency_and_bus_bandwidth():
+    p, alpha, busbw = 4, 20e-6, 5.0
+    sizes = [4096 * 4**k for k in range(9)]
+    rows = [{"size_bytes": n, "time_s": 2 * (p - 1) * alpha + n / (busbw * 1e9)} for n in sizes]
+    a, b = cm.fit_ring_all_reduce(rows, p)
+    assert a == pytest.approx(alpha, rel=1e-6) and b == pytest.approx(busbw, rel=1e-6)
+
+
+def test_predict_step_time():
+    assert cm.predict_step_time(0.01, 1e9, 2, 4, 10.0, 1e-5) == pytest.approx(0.01 + 2 * 6 * 1e-5 + 0.1)
+    assert cm.predict_step_time(0.01, 1e9, 2, 1, 10.0, 1e-5) == 0.01
