@@ -10,34 +10,36 @@ and the course's running.
 
 import statistics
 import sys
+from dataclasses import replace
 
 from course_lib.launch import WorkerError, spawn
-from course_lib.train import ddp_train
+from course_lib.train import TrainConfig, ddp_train
 
-MODEL = dict(n_in=512, hidden=1024, depth=2, batch_size=128, lr=0.05, start_iter=5, eval_every=1000)
+MODEL = TrainConfig(n_in=512, hidden=1024, depth=2, batch_size=128, lr=0.05, start_powerSGD_iter=5, eval_every=1000)
 
 
-def worker(rank, world_size, rounds, steps, rank_r):
+def worker(rank, world_size, rounds, steps, r):
     times = {"torch_powersgd": [], "powersgd": []}
     for _ in range(rounds):
         for hook in times:
-            out = ddp_train(rank, world_size, dict(MODEL, hook=hook, steps=steps, rank=rank_r, bucket_cap_mb=100))
-            times[hook].append(statistics.median(out["step_time_s"][MODEL["start_iter"] + 2 :]))
+            out = ddp_train(rank, world_size, replace(MODEL, hook=hook, steps=steps, matrix_approximation_rank=r,
+                                                      bucket_cap_mb=100))
+            times[hook].append(statistics.median(out.step_time_s[MODEL.start_powerSGD_iter + 2 :]))
     return times
 
 
 def many_buckets(rank, world_size, hook):
-    out = ddp_train(rank, world_size, dict(MODEL, hook=hook, steps=15, rank=2, bucket_cap_mb=1))
-    return out["loss"][-1]
+    out = ddp_train(rank, world_size, replace(MODEL, hook=hook, steps=15, matrix_approximation_rank=2, bucket_cap_mb=1))
+    return out.loss[-1]
 
 
 def main():
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     print("2 gloo processes, MLP 512-1024-1024-10, batch 128, bucket_cap_mb=100, median step time after start")
-    for rank_r in (1, 2, 4):
-        t = spawn(worker, 2, rounds, 30, rank_r, backend="gloo", timeout_s=600)[0]
+    for r in (1, 2, 4):
+        t = spawn(worker, 2, rounds, 30, r, backend="gloo", timeout_s=600)[0]
         ours, theirs = statistics.median(t["powersgd"]), statistics.median(t["torch_powersgd"])
-        print(f"  rank {rank_r}: course {ours * 1e3:6.2f} ms, torch {theirs * 1e3:6.2f} ms, "
+        print(f"  matrix_approximation_rank {r}: course {ours * 1e3:6.2f} ms, torch {theirs * 1e3:6.2f} ms, "
               f"course / torch = {ours / theirs:.2f} (goal <= 1.0; per round: "
               + ", ".join(f"{a / b:.2f}" for a, b in zip(t["powersgd"], t["torch_powersgd"])) + ")")
     print("\nbucket_cap_mb=1 (many buckets), rank 2, 15 steps:")

@@ -1,7 +1,29 @@
 """Distributed training from first principles: the code behind the course's notebooks.
 
-One concept per module: ``launch`` (start worker processes), ``accumulation``, ``collectives``,
-``lowrank``, ``hooks``, ``powersgd``, ``bandwidth``; ``exercises`` checks students' answers.
+What a student learns, in the order the notebooks use it:
+
+* ``launch`` (00): start worker processes that join one process group (``spawn``, on
+  ``torch.multiprocessing.start_processes``), or join the group ``torchrun`` describes;
+* ``accumulation`` (01): what ``backward``, ``step`` and ``zero_grad`` do; gradient accumulation,
+  and ``no_sync`` under DDP;
+* ``collectives`` (02): broadcast, reduce and all-reduce built on ``send`` and ``recv``;
+* ``costmodel`` (02, 05): the alpha-beta cost of each collective, bus bandwidth, fits, step-time
+  predictions, typical interconnects; arithmetic only;
+* ``bandwidth`` (02, 05): measuring collectives in worker processes, as nccl-tests does;
+* ``lowrank`` (03): power iteration against the SVD, and the power step PowerSGD is built on;
+* ``hooks`` (01, 04): DDP communication hooks (all-reduce, fp16, bf16), every byte counted;
+* ``powersgd`` (04): the PowerSGD hook with error feedback, a drop-in for torch's;
+* ``train`` (04, 05): data-parallel training on the digits, in notebooks and under ``torchrun``:
+  ``TrainConfig`` in, ``TrainResult`` out.
+
+The course's own support, in ``support``: none of it is an algorithm.
+
+* ``support.digits``: the bundled dataset, the MLP every notebook trains, batch slicing;
+* ``support.demos``: small workers the notebooks start to show an algorithm at work;
+* ``support.exercises``: every exercise's check and reference answer;
+* ``support.figures``: the diagrams in ``img/`` and plots of a notebook's own results;
+* ``support.widgets``: the rank and bandwidth sliders;
+* ``support.timing``: the median of repeated timings.
 """
 
 __version__ = "0.1.0"

@@ -11,10 +11,10 @@ memory, and a DDP experiment that counts all-reduces (through ``course_lib.hooks
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm.auto import tqdm
 
 from course_lib import hooks
-from course_lib.digits import digits_tensors, mlp
-from course_lib.exercises import check
+from course_lib.support.digits import batch_slice, digits_tensors, mlp
 
 __all__ = [
     "split",
@@ -25,10 +25,7 @@ __all__ = [
     "ddp_accumulation_worker",
     "graph_lines",
     "snapshot",
-    "plot_graph_states",
     "micro_batch_loss",
-    "check_accumulate",
-    "check_micro_batch_loss",
 ]
 
 
@@ -85,12 +82,9 @@ def train(batch_size: int, k: int, steps: int, lr: float = 0.1, seed: int = 0, p
     losses = []
     steps_iter = range(steps)
     if progress:
-        from tqdm.auto import tqdm
-
         steps_iter = tqdm(steps_iter, desc=f"B={batch_size}, k={k}", leave=False)
     for step in steps_iter:
-        start = (step * batch_size) % (len(x_train) - batch_size + 1)
-        idx = order[start : start + batch_size]
+        idx = order[batch_slice(step, batch_size, len(x_train))]
         opt.zero_grad()
         losses.append(accumulate(model, loss_fn, split(x_train[idx], y_train[idx], k)))
         opt.step()
@@ -130,7 +124,6 @@ def ddp_accumulation_worker(rank: int, world_size: int, k: int, steps: int, glob
     if global_batch % (world_size * k):
         raise ValueError(f"global_batch={global_batch} must be divisible by world_size * k = {world_size * k}")
     x_train, y_train, _, _ = digits_tensors()
-    per_rank = global_batch // world_size
     loss_fn = nn.CrossEntropyLoss()
     out = {}
     for use_no_sync in (False, True):
@@ -140,8 +133,8 @@ def ddp_accumulation_worker(rank: int, world_size: int, k: int, steps: int, glob
         hooks.traffic.reset()
         opt = torch.optim.SGD(model.parameters(), lr=lr)
         for step in range(steps):
-            start = step * global_batch + rank * per_rank
-            xb, yb = x_train[start : start + per_rank], y_train[start : start + per_rank]
+            batch = batch_slice(step, global_batch, len(x_train), rank, world_size)
+            xb, yb = x_train[batch], y_train[batch]
             opt.zero_grad()
             micro = split(xb, yb, k)
             for i, (x, y) in enumerate(micro):
@@ -192,64 +185,6 @@ def snapshot(layer: nn.Linear) -> dict:
             "b": values(layer.bias), "b.grad": values(layer.bias.grad)}
 
 
-def plot_graph_states(states: dict[str, dict]):
-    """Draw the graph x -> (w, b) -> y -> loss once per moment, with the values autograd holds.
-
-    ``states`` maps a title ("after backward", ...) to a :func:`snapshot`.
-    """
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(states), figsize=(4.2 * len(states), 3.2))
-    nodes = {"x": (0.1, 0.75), "w": (0.1, 0.45), "b": (0.1, 0.15), "y = w·x + b": (0.5, 0.45), "loss": (0.85, 0.45)}
-    for ax, (title, s) in zip(axes, states.items()):
-        for (a, b) in [("x", "y = w·x + b"), ("w", "y = w·x + b"), ("b", "y = w·x + b"), ("y = w·x + b", "loss")]:
-            ax.annotate("", xy=nodes[b], xytext=nodes[a],
-                        arrowprops=dict(arrowstyle="->", color="grey", shrinkA=18, shrinkB=24))
-        for name, (px, py) in nodes.items():
-            label = name
-            color = "whitesmoke"
-            if name in ("w", "b"):
-                grad = s[f"{name}.grad"]
-                label = f"{name} = {s[name]}\n.grad = {grad}"
-                color = "lightyellow" if grad is None else "lightgreen"
-            ax.text(px, py, label, ha="center", va="center", fontsize=8,
-                    bbox=dict(boxstyle="round", facecolor=color, edgecolor="grey"))
-        ax.set_title(title)
-        ax.set_xlim(-0.15, 1.0)
-        ax.set_ylim(0, 0.9)
-        ax.axis("off")
-    fig.suptitle("The graph at three moments (green: .grad holds a gradient; yellow: .grad is None)", fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
-# --- exercises --------------------------------------------------------------------------------
-
-def _grads_after(accumulate_fn, sizes) -> list[torch.Tensor]:
-    x_train, y_train, _, _ = digits_tensors()
-    n = 48 if isinstance(sizes, int) else sum(sizes)
-    model = mlp(seed=1)
-    accumulate_fn(model, nn.CrossEntropyLoss(), split(x_train[:n], y_train[:n], sizes))
-    return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
-
-
-def check_accumulate(student_fn) -> bool:
-    """Exercise: ``student_fn(model, loss_fn, micro_batches)`` leaves the large batch's gradient in ``.grad``.
-
-    Checked on 48 digits split in 4 equal parts, then in unequal parts [30, 10, 5, 3].
-    """
-    return check(lambda s: _grads_after(student_fn, s), lambda s: _grads_after(accumulate, s),
-                 [(4,), ([30, 10, 5, 3],)], name=getattr(student_fn, "__name__", "accumulate"))
-
-
 def micro_batch_loss(logits: torch.Tensor, y: torch.Tensor, n_total: int) -> torch.Tensor:
     """One micro-batch's share of the large batch's mean cross-entropy (the reference answer)."""
     return nn.functional.cross_entropy(logits, y, reduction="sum") / n_total
-
-
-def check_micro_batch_loss(student_fn) -> bool:
-    """Exercise: ``student_fn(logits, y, n_total)`` so that the micro-batch losses sum to the batch's mean loss."""
-    g = torch.Generator().manual_seed(0)
-    cases = [(torch.randn(n, 10, generator=g), torch.randint(0, 10, (n,), generator=g), total)
-             for n, total in [(30, 48), (3, 48), (16, 16)]]
-    return check(student_fn, micro_batch_loss, cases, name=getattr(student_fn, "__name__", "micro_batch_loss"))

@@ -20,8 +20,7 @@ import torch.distributed as dist
 
 __all__ = [
     "naive_all_reduce", "tree_broadcast", "tree_reduce", "ring_all_reduce", "ring_shift",
-    "blocking_ring_shift", "reduce_scatter", "ring_trace", "plot_ring_trace", "compare_with_torch",
-    "shift_worker", "exercise_inputs",
+    "blocking_ring_shift", "reduce_scatter",
 ]
 
 
@@ -179,97 +178,3 @@ def reduce_scatter(tensor: torch.Tensor, group=None) -> torch.Tensor:
     dist.all_reduce(total, group=group)
     rank, size = _rank_size(group)
     return total.tensor_split(size)[rank].clone()
-
-
-def exercise_inputs(rank: int, world_size: int):
-    """Each rank's input for the exercises: a length that does not divide evenly among ranks."""
-    g = torch.Generator().manual_seed(100 + rank)
-    return (torch.randn(2 * world_size + 1, generator=g),)
-
-
-def ring_trace(rank: int, world_size: int) -> list:
-    """Worker: a ring all-reduce in which rank r contributes 2**r to every chunk, traced step by step.
-
-    A chunk's value is then the set of ranks whose data it holds, written in binary.
-    """
-    trace = [("start", 0, torch.full((world_size,), float(2**rank)))]
-    ring_all_reduce(trace[0][2].clone(), trace=trace)
-    return trace
-
-
-def plot_ring_trace(traces: list):
-    """Draw which ranks' data each chunk holds on each rank after each step of the ring all-reduce."""
-    import matplotlib.pyplot as plt
-
-    p = len(traces)
-    steps = len(traces[0])
-    fig, axes = plt.subplots(steps, 1, figsize=(1.1 * p * p + 1.5, 0.75 * steps + 0.6))
-    cmap = plt.get_cmap("viridis", p + 1)
-    for row, ax in enumerate(axes):
-        phase, step, _ = traces[0][row]
-        for rank in range(p):
-            values = traces[rank][row][2].tolist()
-            for c, v in enumerate(values):
-                members = [r for r in range(p) if int(v) >> r & 1]
-                x = rank * (p + 1) + c
-                ax.add_patch(plt.Rectangle((x, 0), 0.95, 0.9, color=cmap(len(members))))
-                ax.text(x + 0.47, 0.45, "+".join(map(str, members)), ha="center", va="center", fontsize=7,
-                        color="white" if len(members) < p else "black")
-        label = "start" if phase == "start" else f"{phase}\nstep {step + 1}"
-        ax.text(-0.4, 0.45, label, ha="right", va="center", fontsize=8)
-        ax.set_xlim(-0.2, p * (p + 1))
-        ax.set_ylim(0, 1)
-        ax.axis("off")
-    for rank in range(p):
-        axes[0].text(rank * (p + 1) + p / 2, 1.15, f"rank {rank}: chunks 0..{p - 1}", ha="center", fontsize=9)
-    fig.suptitle("Ring all-reduce, recorded from the algorithm: each box lists the ranks whose data a chunk holds",
-                 fontsize=10, y=1.0)
-    fig.subplots_adjust(left=0.16, hspace=0.15)
-    return fig
-
-
-# --- workers for the notebook and the tests ---------------------------------------------------
-
-LENGTHS = [0, 1, 2, 3, 5, 7, 64, 1001]
-DTYPES = [torch.float32, torch.float64]
-
-
-def _data(rank: int, n: int, dtype) -> torch.Tensor:
-    g = torch.Generator().manual_seed(7919 * rank + n)
-    return torch.randn(n, generator=g, dtype=torch.float64).to(dtype)
-
-
-def compare_with_torch(rank: int, world_size: int, lengths=LENGTHS) -> list:
-    """Worker: each algorithm and torch.distributed's on the same inputs, every length and dtype.
-
-    Returns rows ``(name, length, dtype, ours, torch's, returned_the_input)``; a reduce's row
-    only on its root, where its result is defined.
-    """
-    out = []
-    for n in lengths:
-        for dtype in DTYPES:
-            x = _data(rank, n, dtype)
-            for name, ours, theirs in [
-                ("naive_all_reduce", naive_all_reduce, dist.all_reduce),
-                ("ring_all_reduce", ring_all_reduce, dist.all_reduce),
-            ]:
-                a, b = x.clone(), x.clone()
-                returned = ours(a)
-                theirs(b)
-                out.append((name, n, dtype, a, b, returned is a))
-            for root in sorted({0, world_size - 1}):
-                a, b = x.clone(), x.clone()
-                tree_broadcast(a, src=root)
-                dist.broadcast(b, src=root)
-                out.append((f"tree_broadcast(src={root})", n, dtype, a, b, True))
-                a, b = x.clone(), x.clone()
-                tree_reduce(a, dst=root)
-                dist.reduce(b, dst=root)
-                if rank == root:  # defined on dst only
-                    out.append((f"tree_reduce(dst={root})", n, dtype, a, b, True))
-    return out
-
-
-def shift_worker(rank: int, world_size: int, name: str) -> torch.Tensor:
-    """Worker: ``ring_shift`` or ``blocking_ring_shift`` of the tensor ``[rank]``."""
-    return {"ring_shift": ring_shift, "blocking_ring_shift": blocking_ring_shift}[name](torch.tensor([float(rank)]))

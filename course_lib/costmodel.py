@@ -28,7 +28,7 @@ import math
 import torch
 
 __all__ = ["ALGORITHMS", "alpha_beta_time", "fit_alpha_beta", "BUS_FACTORS", "bus_factor", "fit_ring_all_reduce",
-           "predict_step_time"]
+           "predict_step_time", "INTERCONNECTS"]
 
 ALGORITHMS = ("naive_all_reduce", "tree_broadcast", "tree_reduce", "ring_all_reduce")
 
@@ -103,3 +103,16 @@ def predict_step_time(compute_s: float, nbytes: float, collectives: int, world_s
     if world_size == 1:
         return compute_s
     return compute_s + collectives * 2 * (world_size - 1) * alpha_s + nbytes / (busbw_GBps * 1e9)
+
+
+# Interconnects for the what-if: bus bandwidth (GB/s) and a latency per message (s). Bandwidths
+# from nccl-tests reports and NCCL's model (../shared/FACTS.md); latencies are typical orders of
+# magnitude, an assumption stated in the multi-GPU notebook.
+INTERCONNECTS = {
+    "1 Gb/s Ethernet": (0.125, 50e-6),
+    "10 Gb/s Ethernet": (1.25, 20e-6),
+    "100 Gb/s Ethernet": (12.5, 10e-6),
+    "PCIe Gen4 x16": (24.0, 5e-6),
+    "NVLink (H100, 8 GPUs)": (400.0, 3e-6),
+    "900 GB/s": (900.0, 3e-6),
+}

@@ -21,9 +21,10 @@ import torch
 import torch.distributed as dist
 
 __all__ = [
-    "Traffic",
     "traffic",
     "all_reduce_counted",
+    "allreduce_fut",
+    "completed_future",
     "allreduce_hook",
     "fp16_compress_hook",
     "bf16_compress_hook",
@@ -67,17 +68,24 @@ def all_reduce_counted(tensor: torch.Tensor, group=None, async_op: bool = False)
     return dist.all_reduce(tensor, group=_group(group), async_op=async_op)
 
 
-def _allreduce_fut(process_group, tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
-    """Average ``tensor`` over the group in place; a future of it."""
+def allreduce_fut(process_group, tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    """Average ``tensor`` over the group in place; a future of it (torch's ``default_hooks._allreduce_fut``)."""
     group = _group(process_group)
     tensor.div_(group.size())
     work = all_reduce_counted(tensor, group, async_op=True)
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
+def completed_future(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    """A future that already holds ``tensor``: what a hook returns when its work is done already."""
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(tensor)
+    return fut
+
+
 def allreduce_hook(process_group: dist.ProcessGroup, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """What DDP does without a hook: average the bucket with one all-reduce."""
-    return _allreduce_fut(process_group, bucket.buffer())
+    return allreduce_fut(process_group, bucket.buffer())
 
 
 def _compress_hook(dtype: torch.dtype, process_group, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -150,9 +158,7 @@ def noop_hook(_: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Ten
 
     For headroom analysis only: ranks stop agreeing on the parameters.
     """
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    fut.set_result(bucket.buffer())
-    return fut
+    return completed_future(bucket.buffer())
 
 
 class BucketLog:
@@ -171,4 +177,4 @@ def logging_allreduce_hook(state: BucketLog, bucket: dist.GradBucket) -> torch.f
         "shapes": [tuple(p.shape) for p in bucket.parameters()],
         "numel": bucket.buffer().numel(),
     })
-    return _allreduce_fut(state.process_group, bucket.buffer())
+    return allreduce_fut(state.process_group, bucket.buffer())

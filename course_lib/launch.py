@@ -9,10 +9,22 @@ Every multi-process notebook and test goes through :func:`spawn`. It exists beca
   ``pickle`` gives does not say why.
 
 How it works: the parent process hosts the rendezvous store itself (a ``TCPStore`` on a port the
-operating system picks, so two spawns never collide), starts ``world_size`` processes with the
-*spawn* start method, and then watches two things at once: a queue on which every worker reports
-its result or its exception, and the workers' exit codes. The first failure ends the group: every
-other worker is terminated, and the caller gets a :class:`WorkerError` naming the rank.
+operating system picks, so two spawns never collide) and starts the workers with
+``torch.multiprocessing.start_processes``, the machinery that ``mp.spawn`` runs: the *spawn* start
+method, ``_worker(rank, ...)`` in process ``rank``, and (on Linux) a SIGINT to every worker if the
+parent process dies. On top of it, spawn adds what start_processes lacks:
+
+* the process group: each worker joins it through the parent's store before ``fn`` runs;
+* results: every worker sends ``fn``'s return value (or its exception: type, message, traceback and
+  the exception itself) back on a queue, and the values come back in rank order;
+* blame: the first failure ends the group, and it is the cause that is reported, not the
+  "connection closed" that it causes in the peers; a worker that dies without reporting (a crash,
+  ``os._exit``, a signal) is named with its exit code;
+* a timeout, after which the workers are killed and the ranks still running are named;
+* no orphans: whatever ends the call (a failure, the timeout, Ctrl-C, or an error while the
+  workers are being started, when start_processes raises without handing back the ones it had
+  already started) every started worker is terminated, then killed;
+* a progress bar, and a clear error for a function that cannot be sent to a new process.
 
 For multi-node runs, start the same worker code with ``torchrun`` and call :func:`init_from_env`.
 """
@@ -20,16 +32,21 @@ For multi-node runs, start the same worker code with ``torchrun`` and call :func
 from __future__ import annotations
 
 import datetime
-import multiprocessing as mp
+import multiprocessing
 import os
 import pickle
 import queue
+import signal
+import socket
 import sys
+import threading
 import time
 import traceback
 
 import torch
 import torch.distributed as dist
+from torch.multiprocessing import start_processes
+from tqdm.auto import tqdm
 
 __all__ = [
     "WorkerError",
@@ -37,9 +54,7 @@ __all__ = [
     "pick_backend",
     "init_from_env",
     "worker_device",
-    "all_reduce_check",
     "free_port",
-    "rendezvous_demo",
     "report_progress",
 ]
 
@@ -66,8 +81,6 @@ class WorkerError(RuntimeError):
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now (for demos; spawn itself needs none)."""
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -144,7 +157,8 @@ def report_progress(n: int = 1) -> None:
         _progress_queue.put(("progress", 0, time.time(), n))
 
 
-def _worker(fn, rank, world_size, port, backend, timeout_s, args, results):
+def _worker(rank, fn, world_size, port, backend, timeout_s, args, results):
+    # start_processes calls this as _worker(i, *args) in process i: the process index is the rank.
     global _progress_queue
     _progress_queue = results
     os.environ.update(
@@ -189,19 +203,77 @@ def _worker(fn, rank, world_size, port, backend, timeout_s, args, results):
 
 
 def _stop(procs) -> None:
+    """Terminate the workers, give them ``_GRACE_S`` seconds to exit, then kill those still running."""
+    # A process that never started has no pid, nothing to stop, and joining it raises.
+    procs = [p for p in procs if p.pid is not None]
     for p in procs:
         if p.is_alive():
             p.terminate()
-    deadline = time.monotonic() + _GRACE_S
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join()
+    try:
+        deadline = time.monotonic() + _GRACE_S
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+    finally:
+        # Even when a second Ctrl-C cuts the grace period short.
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
 
 
-def _raise_first_failure(procs, results, values, errors, window_s: float = 1.0):
+# Held while a spawn call starts its workers, so that the processes that appear meanwhile are that
+# call's (see _start_workers). Starting takes milliseconds; the workers then run in parallel.
+_start_lock = threading.Lock()
+
+
+def _start_workers(procs: list, error_files: list, world_size: int, worker_args: tuple) -> None:
+    """Start ``_worker(rank, *worker_args)`` for each rank; append the processes to ``procs``.
+
+    start_processes starts the processes one after another. When starting one fails (Ctrl-C, an
+    argument that cannot be pickled, the OS out of processes or file descriptors), it raises, and
+    the processes it had already started keep running with no handle to them in the exception.
+    They are the children that appeared while it ran (spawn calls in other threads wait for the
+    lock; only a process that other code started in the same milliseconds would be taken for one),
+    so those go into ``procs`` too, for the caller's ``finally`` to stop. Filling the
+    caller's list rather than returning one leaves no moment at which started workers are in
+    nobody's hands. ``error_files`` gets start_processes' traceback file for each rank.
+    """
+    with _start_lock:
+        before = set(multiprocessing.active_children())
+        try:
+            context = start_processes(
+                _worker, args=worker_args, nprocs=world_size, join=False, daemon=True, start_method="spawn"
+            )
+            procs.extend(context.processes)
+            error_files.extend(context.error_files)
+        except BaseException:
+            procs.extend(p for p in multiprocessing.active_children() if p not in before and p not in procs)
+            raise
+
+
+def _exit_report(rank: int, process, error_file: str | None) -> WorkerError:
+    """The WorkerError for a worker that died without reporting a result or an exception."""
+    code = process.exitcode
+    how = f"exited with code {code}"
+    if code is not None and code < 0:
+        try:
+            how += f" (killed by {signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    # _worker reports every exception of fn itself. One that escapes it (the report itself failed)
+    # is caught by start_processes' wrapper, which writes its traceback to this file and exits with 1.
+    tb = ""
+    if error_file is not None and os.path.exists(error_file):
+        try:
+            with open(error_file, "rb") as fh:
+                tb = pickle.load(fh)
+        except Exception:
+            tb = ""
+    hint = "" if tb else "; its stderr (the terminal that started Python or Jupyter) may say why"
+    return WorkerError(rank, "ProcessExited", f"the process (pid {process.pid}) {how} without reporting{hint}", tb)
+
+
+def _raise_first_failure(procs, results, values, errors, window_s: float = 1.0, error_files=()):
     """Raise a WorkerError for the failure that came first.
 
     When one rank fails, its peers usually fail a moment later ("Connection closed by peer"):
@@ -222,8 +294,8 @@ def _raise_first_failure(procs, results, values, errors, window_s: float = 1.0):
             errors[rank] = (stamp, payload)
     silent = [r for r, p in enumerate(procs) if r not in values and r not in errors and not p.is_alive()]
     if silent:
-        code = procs[silent[0]].exitcode
-        raise WorkerError(silent[0], "ProcessExited", f"the process exited with code {code} without reporting")
+        rank = silent[0]
+        raise _exit_report(rank, procs[rank], error_files[rank] if rank < len(error_files) else None)
     if not errors:
         return  # a false alarm: the "dead" rank had finished and its result was still in flight
     rank = min(errors, key=lambda r: errors[r][0])
@@ -276,26 +348,19 @@ def spawn(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 
         "127.0.0.1", 0, world_size, True,
         timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
     )
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    procs = [
-        ctx.Process(
-            target=_worker,
-            args=(fn, rank, world_size, store.port, backend, timeout_s, args, results),
-            name=f"course_lib-rank{rank}",
-            daemon=True,
-        )
-        for rank in range(world_size)
-    ]
+    # A queue of the spawn context: its locks have names that the new processes can open.
+    results = multiprocessing.get_context("spawn").Queue()
+    procs: list = []  # filled by _start_workers as the workers start, stopped in `finally`
+    error_files: list = []
     values: dict[int, object] = {}
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-
         bar = tqdm(total=progress, desc=desc or getattr(fn, "__name__", "workers"))
     try:
-        for p in procs:
-            p.start()
+        _start_workers(procs, error_files, world_size, (fn, world_size, store.port, backend, timeout_s, args, results))
+        # Wait on our own queue rather than in ProcessContext.join: join watches only exit codes
+        # (our workers report failures on the queue and exit with 0), and a worker whose result is
+        # still in the queue's pipe cannot exit until someone reads it.
         deadline = time.monotonic() + timeout_s
         while len(values) < world_size:
             remaining = deadline - time.monotonic()
@@ -309,7 +374,7 @@ def spawn(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 
                 status, rank, stamp, payload = results.get(timeout=min(0.2, remaining))
             except queue.Empty:
                 if any(r not in values and not p.is_alive() for r, p in enumerate(procs)):
-                    _raise_first_failure(procs, results, values, {})
+                    _raise_first_failure(procs, results, values, {}, error_files=error_files)
                 continue
             if status == "progress":
                 if bar is not None:
@@ -317,7 +382,7 @@ def spawn(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 
             elif status == "ok":
                 values[rank] = pickle.loads(payload)
             else:
-                _raise_first_failure(procs, results, values, {rank: (stamp, payload)})
+                _raise_first_failure(procs, results, values, {rank: (stamp, payload)}, error_files=error_files)
     finally:
         if bar is not None:
             bar.close()
@@ -325,6 +390,10 @@ def spawn(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 
         results.close()
         results.join_thread()
         del store
+        # Nothing in torch removes the traceback files that start_processes' wrapper writes.
+        for path in error_files:
+            if os.path.exists(path):
+                os.remove(path)
     return [values[r] for r in range(world_size)]
 
 
@@ -354,31 +423,3 @@ def init_from_env(backend: str = "auto") -> tuple[int, int, torch.device]:
         torch.cuda.set_device(device)
     dist.init_process_group(backend, init_method="env://")
     return dist.get_rank(), dist.get_world_size(), device
-
-
-def all_reduce_check(rank: int, world_size: int) -> dict:
-    """Notebook 00's smoke test: every rank contributes ``rank + 1``; all should end with the sum."""
-    device = worker_device()
-    t = torch.tensor([float(rank + 1)], device=device)
-    dist.all_reduce(t)
-    return {"rank": rank, "backend": dist.get_backend(), "sum": t.item()}
-
-
-def rendezvous_demo(rank: int, world_size: int, init_methods: list[str], env_port: int) -> list[dict]:
-    """Worker for notebook 02: leave spawn's group and meet again through each of ``init_methods``.
-
-    ``tcp://host:port`` (rank 0 listens there), ``file:///path`` (a file on a disk all ranks see)
-    and ``env://`` (MASTER_ADDR and MASTER_PORT from the environment, as torchrun sets them; here
-    ``env_port``) are three ways for processes to find each other. Each ends in a key-value Store
-    through which the ranks swap their addresses.
-    """
-    out = []
-    for method in init_methods:
-        dist.destroy_process_group()
-        if method == "env://":
-            os.environ["MASTER_PORT"] = str(env_port)
-        dist.init_process_group("gloo", init_method=method, rank=rank, world_size=world_size)
-        t = torch.tensor([float(rank + 1)])
-        dist.all_reduce(t)
-        out.append({"method": method.split(":")[0], "rank": dist.get_rank(), "sum": t.item()})
-    return out

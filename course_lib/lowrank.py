@@ -11,18 +11,20 @@ which projects M onto the span of P. Repeated, span(P) converges to the top-r le
 vectors. PowerSGD takes one step per training iteration and starts from the previous step's Q
 (*warm start*): gradients change slowly, so the iteration keeps converging across steps.
 
-This module is used by ``course_lib.powersgd``: it holds the package's one orthogonalization.
+This module is used by ``course_lib.powersgd``: it holds the package's one orthogonalization and
+its one power step (``power_step_p`` and ``power_step_qt``, the two products).
 """
 
-import statistics
-import time
-
 import torch
+from tqdm.auto import tqdm
 
-from course_lib.exercises import check
+from course_lib.support.timing import median_seconds
 
 __all__ = [
     "orthogonalize_",
+    "power_step_p",
+    "power_step_qt",
+    "power_step",
     "power_iteration",
     "power_iteration_without_orthogonalization",
     "relative_error",
@@ -30,8 +32,6 @@ __all__ = [
     "compression_ratio",
     "track_errors",
     "time_methods",
-    "check_orthogonalize",
-    "check_power_step",
 ]
 
 
@@ -70,6 +70,33 @@ def _check_rank(M: torch.Tensor, rank: int) -> None:
         raise ValueError(f"rank must be between 1 and min(n, m) = {limit} for a {tuple(M.shape)} matrix, got {rank}")
 
 
+def power_step_p(M: torch.Tensor, Q: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The first half of a power step: ``P = M Q`` (n x r; batches (b, n, r) too), into ``out`` if given.
+
+    PowerSGD all-reduces this P, then orthogonalizes it, before the second half.
+    """
+    return torch.matmul(M, Q, out=out)
+
+
+def power_step_qt(M: torch.Tensor, P: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The second half: ``Q = M^T P``, returned *transposed*, as ``Q^T = P^T M`` (r x m), into ``out`` if given.
+
+    The same numbers as ``M.mT @ P``, but on the CPU a product with a transposed *large* operand was
+    measured several times slower than this one, whose transposed operand is the thin P.
+    """
+    return torch.matmul(P.mT, M, out=out)
+
+
+def power_step(M: torch.Tensor, Q: torch.Tensor, epsilon: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of subspace iteration: ``(P, Q_new)`` with P orthonormal and ``M ~ P @ Q_new.T``.
+
+    The two halves with the orthogonalization between them, on one process. PowerSGD calls the
+    same two halves with an all-reduce after each.
+    """
+    P = orthogonalize_(power_step_p(M, Q), epsilon)
+    return P, power_step_qt(M, P).mT
+
+
 def power_iteration(M: torch.Tensor, rank: int, iters: int = 1, q: torch.Tensor | None = None,
                     generator: torch.Generator | None = None, epsilon: float = 0.0):
     """``iters`` steps of subspace iteration; returns ``(P, Q)`` with ``M ~ P @ Q.T``.
@@ -87,10 +114,7 @@ def power_iteration(M: torch.Tensor, rank: int, iters: int = 1, q: torch.Tensor 
         raise ValueError(f"q must have shape {shape}, got {tuple(q.shape)}")
     Q = q
     for _ in range(iters):
-        P = orthogonalize_(M @ Q, epsilon)
-        # (P^T M)^T rather than M^T P: the same numbers, but on the CPU the product with a
-        # transposed *large* operand was measured several times slower.
-        Q = (P.mT @ M).mT
+        P, Q = power_step(M, Q, epsilon)
     return P, Q
 
 
@@ -142,23 +166,11 @@ def track_errors(matrices, rank: int, warm_start: bool = True, iters: int = 1, s
     return errors
 
 
-def _median_time(fn, repeats: int) -> float:
-    fn()  # warm-up: allocations, kernels, caches
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def time_methods(shapes, rank: int = 2, repeats: int = 5, seed: int = 0, progress: bool = False) -> list[dict]:
     """Median seconds of a full SVD, ``torch.svd_lowrank`` and one power-iteration step, per shape."""
     g = torch.Generator().manual_seed(seed)
     rows = []
     if progress:
-        from tqdm.auto import tqdm
-
         shapes = tqdm(shapes, desc="timing")
     for n, m in shapes:
         M = torch.randn(n, m, generator=g)
@@ -169,33 +181,6 @@ def time_methods(shapes, rank: int = 2, repeats: int = 5, seed: int = 0, progres
             ("svd_lowrank_s", lambda M=M: torch.svd_lowrank(M, q=rank, niter=2)),
             ("power_step_s", lambda M=M, q=q: power_iteration(M, rank, 1, q=q)),
         ):
-            row[key] = _median_time(fn, repeats)
+            row[key] = median_seconds(fn, repeats)
         rows.append(row)
     return rows
-
-
-# --- exercises --------------------------------------------------------------------------------
-
-def _exercise_matrices(shapes):
-    g = torch.Generator().manual_seed(0)
-    return [torch.randn(*s, generator=g) for s in shapes]
-
-
-def check_orthogonalize(student_fn) -> bool:
-    """Exercise: ``student_fn(matrices)`` orthonormalizes the columns in place, like ``orthogonalize_``."""
-    cases = [(m,) for m in _exercise_matrices([(6, 1), (20, 3), (4, 30, 2)])]
-    zero = torch.randn(8, 3, generator=torch.Generator().manual_seed(1))
-    zero[:, 1] = 0
-    cases.append((zero,))
-    return check(student_fn, orthogonalize_, cases, name=getattr(student_fn, "__name__", "orthogonalize"))
-
-
-def _one_step(M, Q):
-    return power_iteration(M, Q.shape[-1], 1, q=Q)
-
-
-def check_power_step(student_fn) -> bool:
-    """Exercise: ``student_fn(M, Q)`` returns ``(P, Q_new)``: one step of subspace iteration."""
-    cases = [tuple(_exercise_matrices([(30, 20), (20, 2)])), tuple(_exercise_matrices([(16, 40), (40, 3)]))]
-    return check(student_fn, _one_step, cases, name=getattr(student_fn, "__name__", "power_step"), rtol=1e-4,
-                 atol=1e-5)

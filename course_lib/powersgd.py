@@ -1,7 +1,7 @@
 """PowerSGD (Vogels, Karimireddy & Jaggi, NeurIPS 2019) as a DDP communication hook, from scratch.
 
 A drop-in for ``torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook``: the same names
-(``PowerSGDState``, ``powerSGD_hook``, ``batched_powerSGD_hook``, and snake-case aliases), the same
+(``PowerSGDState``, ``powerSGD_hook``, ``batched_powerSGD_hook``), the same
 arguments, and, given the same ``random_seed``, the same numbers. So ``import
 course_lib.powersgd as powerSGD`` swaps it in. Each gradient matrix M (a layer's weight gradient,
 viewed as rows x everything else) is sent as two thin matrices::
@@ -12,8 +12,11 @@ viewed as rows x everything else) is sent as two thin matrices::
     M <- P Q^T                    (the average of every rank's M, projected on span(P))
 
 with *error feedback*: what compression dropped on this rank is added to its next gradient.
-The numerics (``orthogonalize_``) come from ``course_lib.lowrank``; the all-reduces from
-``course_lib.hooks`` (counted in ``hooks.traffic``).
+The numerics (``orthogonalize_`` and the power step's two products, ``power_step_p`` and
+``power_step_qt``) come from ``course_lib.lowrank``; the all-reduces from ``course_lib.hooks``
+(counted in ``hooks.traffic``). ``powerSGD_hook`` reads as its steps: ``add_error_feedback``,
+``group_matrices`` (into :class:`MatrixGroup` records), ``start_q``, ``all_reduce_p``,
+``all_reduce_q``, ``decompress``, ``remember_error``.
 
 Two differences from torch's hook, both on purpose:
 
@@ -34,22 +37,29 @@ Two differences from torch's hook, both on purpose:
 import logging
 import math
 import weakref
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from course_lib import hooks
-from course_lib.lowrank import orthogonalize_
+from course_lib.lowrank import orthogonalize_, power_step_p, power_step_qt
 
 __all__ = [
     "PowerSGDState",
     "powerSGD_hook",
     "batched_powerSGD_hook",
-    "powersgd_hook",
-    "batched_powersgd_hook",
     "should_compress",
     "error_feedback_step",
+    "add_error_feedback",
+    "remember_error",
+    "MatrixGroup",
+    "group_matrices",
+    "start_q",
+    "all_reduce_p",
+    "all_reduce_q",
+    "decompress",
 ]
 
 logger = logging.getLogger(__name__)
@@ -227,12 +237,6 @@ _HYPERPARAMETERS = (
 )
 
 
-def _done(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    fut.set_result(tensor)
-    return fut
-
-
 def _check_finite(tensor: torch.Tensor, state: PowerSGDState, bucket) -> None:
     # Checked after the all-reduce, so that every rank sees the same values and raises together.
     if not torch.isfinite(tensor).all():
@@ -243,15 +247,16 @@ def _check_finite(tensor: torch.Tensor, state: PowerSGDState, bucket) -> None:
         )
 
 
-def _error_feedback(state: PowerSGDState, keys, grads) -> None:
+def add_error_feedback(state: PowerSGDState, keys, grads) -> None:
+    """Error feedback, first half: add to each gradient (in place) what compression left out of it last step."""
     for key, grad in zip(keys, grads):
         error = state.error_dict.get(key)
         if error is not None:
             grad.add_(error.view_as(grad))
 
 
-def _remember_error(state: PowerSGDState, keys, grads, error: torch.Tensor) -> None:
-    """Store ``error`` (flat, laid out as the bucket) per parameter, for the next step's feedback."""
+def remember_error(state: PowerSGDState, keys, grads, error: torch.Tensor) -> None:
+    """Error feedback, second half: store ``error`` (flat, laid out as the bucket) per parameter."""
     offset = 0
     for key, grad in zip(keys, grads):
         state.error_dict[key] = error[offset : offset + grad.numel()]
@@ -266,24 +271,32 @@ def _fresh_q(state: PowerSGDState, shapes, dtype, device) -> list[torch.Tensor]:
         return [torch.randn(*shape, device="cpu", dtype=dtype).to(device) for shape in shapes]
 
 
-def powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Layer-wise PowerSGD: each weight matrix worth compressing is sent as P and Q, the rest
-    (biases, small layers) as is, in two all-reduces per bucket: [uncompressed, P...] then [Q...]."""
-    group = state.process_group if state.process_group is not None else dist.group.WORLD
-    world_size = group.size()
-    buffer = bucket.buffer()
-    keys = state.keys_for(bucket.parameters())
-    if state.iter < state.start_powerSGD_iter:
-        state.maybe_increase_iter(bucket)
-        return hooks._allreduce_fut(group, buffer)
+@dataclass
+class MatrixGroup:
+    """Gradient matrices that PowerSGD compresses together: one matrix, or, with
+    ``batch_tensors_with_same_shape``, every matrix of one shape in the bucket, stacked."""
 
-    grads = bucket.gradients()  # views into buffer, one per parameter
-    if state.use_error_feedback:
-        _error_feedback(state, keys, grads)
-        before_compression = buffer.clone()
+    keys: list[int]  # the parameters' keys: error and Q memory follow them
+    matrix: torch.Tensor  # M: (n, m), a view of the gradient; or (b, n, m), a stacked copy
+    matrix_approximation_rank: int  # r: the state's, or less for a thin matrix
+    gradients: list[torch.Tensor] | None = None  # stacked: where each result is copied back
+    q: torch.Tensor | None = None  # (m, r) or (b, m, r)
+    p: torch.Tensor | None = None  # (n, r) or (b, n, r): a view into the first all-reduce's buffer
+    qt: torch.Tensor | None = None  # Q^T, (r, m) or (b, r, m): a view into the second one's
 
-    # Which tensors are worth compressing. Grouped by shape in order of appearance, as torch
-    # does (the order of random draws depends on it), and batched per shape if asked.
+    @property
+    def stacked(self) -> bool:
+        return self.matrix.dim() == 3
+
+
+def group_matrices(state: PowerSGDState, keys, grads) -> tuple[list[torch.Tensor], list[MatrixGroup]]:
+    """``(plain, groups)``: the gradients sent as they are, and the matrices worth compressing.
+
+    A gradient is viewed as a matrix (rows x everything else) and compressed when
+    :func:`should_compress` says so. Matrices are grouped by shape in order of appearance, as
+    torch does (the order of random draws depends on it), and stacked per shape if asked.
+    Adds to the state's compression statistics.
+    """
     plain, by_shape = [], {}
     for key, grad in zip(keys, grads):
         if grad.dim() == 0:
@@ -291,8 +304,8 @@ def powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.future
             continue
         matrix = grad.view(grad.shape[0], -1)
         n, m = matrix.shape
-        rank = min(n, m, state.matrix_approximation_rank)
-        worth, before, after = should_compress(n, m, rank, state.min_compression_rate)
+        r = min(n, m, state.matrix_approximation_rank)
+        worth, before, after = should_compress(n, m, r, state.min_compression_rate)
         state.total_numel_before_compression += before
         if worth:
             by_shape.setdefault((n, m), []).append((key, matrix))
@@ -300,86 +313,119 @@ def powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.future
         else:
             plain.append(grad)
             state.total_numel_after_compression += before
-    state._report(bucket)
-
-    groups = []  # (keys, M as (b, n, m) or (n, m), rank)
+    groups = []
     for (n, m), members in by_shape.items():
-        rank = min(n, m, state.matrix_approximation_rank)
+        r = min(n, m, state.matrix_approximation_rank)
         if state.batch_tensors_with_same_shape and len(members) > 1:
-            groups.append(([k for k, _ in members], torch.stack([mat for _, mat in members]), rank, members))
+            groups.append(MatrixGroup([k for k, _ in members], torch.stack([mat for _, mat in members]), r,
+                                      [mat for _, mat in members]))
         else:
-            groups.extend(([k], mat, rank, None) for k, mat in members)
+            groups.extend(MatrixGroup([k], mat, r) for k, mat in members)
+    return plain, groups
 
-    # Q: warm from memory, else fresh noise for those that have none (one seed per bucket)
-    missing = [i for i, g in enumerate(groups)
-               if not state.warm_start or any(k not in state.q_memory_dict for k in g[0])]
-    drawn = _fresh_q(state, [(len(groups[i][0]), groups[i][1].shape[-1], groups[i][2]) for i in missing],
-                     buffer.dtype, buffer.device) if missing else []
-    fresh = dict(zip(missing, drawn))
-    qs = []
-    for i, (gkeys, mat, _, _) in enumerate(groups):
-        if i in fresh:
-            q = fresh[i] if mat.dim() == 3 else fresh[i][0]
-        elif mat.dim() == 3:
-            q = torch.stack([state.q_memory_dict[k] for k in gkeys])
-        else:
-            q = state.q_memory_dict[gkeys[0]]
-        qs.append(orthogonalize_(q, state.orthogonalization_epsilon))
 
-    # First all-reduce: every P (orthogonalized afterwards, so no need to divide) and the
-    # uncompressed tensors (to be averaged), in one buffer: one collective instead of two. The P's
-    # come first, laid out as torch lays out its P memory: the same alignment, the same rounding.
-    n_plain = sum(t.numel() for t in plain)
-    p_sizes = [mat.shape[:-1].numel() * rank for _, mat, rank, _ in groups]
+def start_q(state: PowerSGDState, groups: list[MatrixGroup], dtype, device) -> None:
+    """Each group's Q, orthogonalized: last step's (warm start), else fresh noise (one seed per bucket)."""
+    missing = [g for g in groups if not state.warm_start or any(k not in state.q_memory_dict for k in g.keys)]
+    if missing:
+        drawn = _fresh_q(state, [(len(g.keys), g.matrix.shape[-1], g.matrix_approximation_rank) for g in missing],
+                         dtype, device)
+        for g, q in zip(missing, drawn):
+            g.q = q if g.stacked else q[0]
+    for g in groups:
+        if g.q is None:
+            g.q = torch.stack([state.q_memory_dict[k] for k in g.keys]) if g.stacked else state.q_memory_dict[g.keys[0]]
+        orthogonalize_(g.q, state.orthogonalization_epsilon)
+
+
+def all_reduce_p(state: PowerSGDState, groups: list[MatrixGroup], plain: list[torch.Tensor], process_group,
+                 bucket) -> None:
+    """First all-reduce: every ``P = M Q`` and the uncompressed gradients, in one buffer.
+
+    One collective instead of two. The P's are summed, not averaged: they are orthogonalized
+    next, which undoes any scale. The uncompressed gradients are averaged, in place. The P's come
+    first, laid out as torch lays out its P memory: the same alignment, the same rounding.
+    """
+    buffer = bucket.buffer()
+    p_sizes = [g.matrix.shape[:-1].numel() * g.matrix_approximation_rank for g in groups]
     n_p = sum(p_sizes)
-    comm = torch.empty(n_p + n_plain, dtype=buffer.dtype, device=buffer.device)
-    ps, offset = [], 0
-    for (_, mat, rank, _), q, size in zip(groups, qs, p_sizes):
-        p = comm[offset : offset + size].view(*mat.shape[:-1], rank)
-        torch.matmul(mat, q, out=p)
-        ps.append(p)
+    comm = torch.empty(n_p + sum(t.numel() for t in plain), dtype=buffer.dtype, device=buffer.device)
+    offset = 0
+    for g, size in zip(groups, p_sizes):
+        g.p = comm[offset : offset + size].view(*g.matrix.shape[:-1], g.matrix_approximation_rank)
+        power_step_p(g.matrix, g.q, out=g.p)
         offset += size
     for t in plain:
         comm[offset : offset + t.numel()].copy_(t.reshape(-1))
         offset += t.numel()
-    hooks.all_reduce_counted(comm, group)
+    hooks.all_reduce_counted(comm, process_group)
     _check_finite(comm, state, bucket)
     offset = n_p
     for t in plain:
-        t.copy_(comm[offset : offset + t.numel()].view_as(t).div_(world_size))
+        t.copy_(comm[offset : offset + t.numel()].view_as(t).div_(process_group.size()))
         offset += t.numel()
 
-    # Second all-reduce: Q = M^T P for every matrix. Computed as (P^T M)^T, stored as Q^T rows:
-    # on the CPU, multiplying by a transposed large M was measured several times slower.
-    q_sizes = [mat.shape[-1] * rank * (mat.shape[0] if mat.dim() == 3 else 1) for _, mat, rank, _ in groups]
-    qbuf = torch.empty(sum(q_sizes), dtype=buffer.dtype, device=buffer.device)
-    qts, offset = [], 0
-    for (_, mat, rank, _), p, size in zip(groups, ps, q_sizes):
-        orthogonalize_(p, state.orthogonalization_epsilon)
-        qt = qbuf[offset : offset + size].view(*mat.shape[:-2], rank, mat.shape[-1])
-        torch.matmul(p.mT, mat, out=qt)
-        qts.append(qt)
-        offset += size
-    hooks.all_reduce_counted(qbuf, group)
-    qbuf.div_(world_size)
 
-    # Decompress into the bucket: M = P Q^T. Q is made contiguous (m x r, small) as torch keeps
-    # it: a product with a differently laid out operand takes another kernel, which rounds
-    # differently, and power iteration amplifies such differences step after step.
-    for (gkeys, mat, _, members), p, qt in zip(groups, ps, qts):
-        q = qt.mT.contiguous()
-        torch.matmul(p, q.mT, out=mat)
-        if members is not None:  # batched: copy each back to its gradient
-            for i, (_, original) in enumerate(members):
-                original.copy_(mat[i])
+def all_reduce_q(state: PowerSGDState, groups: list[MatrixGroup], process_group, bucket) -> None:
+    """Second all-reduce: orthogonalize each P, compute ``Q = M^T P`` (kept as Q^T), average the Q's."""
+    buffer = bucket.buffer()
+    q_sizes = [g.matrix.shape[-1] * g.matrix_approximation_rank * (g.matrix.shape[0] if g.stacked else 1)
+               for g in groups]
+    comm = torch.empty(sum(q_sizes), dtype=buffer.dtype, device=buffer.device)
+    offset = 0
+    for g, size in zip(groups, q_sizes):
+        orthogonalize_(g.p, state.orthogonalization_epsilon)
+        g.qt = comm[offset : offset + size].view(*g.matrix.shape[:-2], g.matrix_approximation_rank,
+                                                 g.matrix.shape[-1])
+        power_step_qt(g.matrix, g.p, out=g.qt)
+        offset += size
+    hooks.all_reduce_counted(comm, process_group)
+    comm.div_(process_group.size())
+
+
+def decompress(state: PowerSGDState, groups: list[MatrixGroup]) -> None:
+    """Write ``M = P Q^T`` into each gradient, and keep each Q for the next step's warm start.
+
+    Q is made contiguous (m x r, small) as torch keeps it: a product with a differently laid out
+    operand takes another kernel, which rounds differently, and power iteration amplifies such
+    differences step after step.
+    """
+    for g in groups:
+        q = g.qt.mT.contiguous()
+        torch.matmul(g.p, q.mT, out=g.matrix)
+        if g.gradients is not None:  # stacked: copy each back to its gradient
+            for i, grad in enumerate(g.gradients):
+                grad.copy_(g.matrix[i])
         if state.warm_start:
-            for i, k in enumerate(gkeys):
-                state.q_memory_dict[k] = q[i] if q.dim() == 3 else q
+            for i, k in enumerate(g.keys):
+                state.q_memory_dict[k] = q[i] if g.stacked else q
+
+
+def powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Layer-wise PowerSGD: each weight matrix worth compressing is sent as P and Q, the rest
+    (biases, small layers) as is, in two all-reduces per bucket: [P..., uncompressed] then [Q...]."""
+    process_group = state.process_group if state.process_group is not None else dist.group.WORLD
+    buffer = bucket.buffer()
+    keys = state.keys_for(bucket.parameters())
+    if state.iter < state.start_powerSGD_iter:
+        state.maybe_increase_iter(bucket)
+        return hooks.allreduce_fut(process_group, buffer)
+
+    grads = bucket.gradients()  # views into buffer, one per parameter
+    if state.use_error_feedback:
+        add_error_feedback(state, keys, grads)
+        before_compression = buffer.clone()
+    plain, groups = group_matrices(state, keys, grads)
+    state._report(bucket)
+    start_q(state, groups, buffer.dtype, buffer.device)
+    all_reduce_p(state, groups, plain, process_group, bucket)
+    all_reduce_q(state, groups, process_group, bucket)
+    decompress(state, groups)
     if state.use_error_feedback:
         # What this rank wanted to send, minus what everyone received.
-        _remember_error(state, keys, grads, before_compression - buffer)
+        remember_error(state, keys, grads, before_compression - buffer)
     state.maybe_increase_iter(bucket)
-    return _done(buffer)
+    return hooks.completed_future(buffer)
 
 
 def batched_powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -394,7 +440,7 @@ def batched_powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torc
     keys = state.keys_for(bucket.parameters())
     if state.iter < state.start_powerSGD_iter:
         state.maybe_increase_iter(bucket)
-        return hooks._allreduce_fut(group, buffer)
+        return hooks.allreduce_fut(group, buffer)
 
     total = buffer.numel()
     side = math.ceil(math.sqrt(total))
@@ -403,7 +449,7 @@ def batched_powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torc
     state.total_numel_after_compression += 2 * side * rank
     state._report(bucket)
     if state.use_error_feedback:
-        _error_feedback(state, keys, bucket.gradients())
+        add_error_feedback(state, keys, bucket.gradients())
     padded = torch.zeros(side * side, dtype=buffer.dtype, device=buffer.device)
     padded[:total].copy_(buffer)
     matrix = padded.view(side, side)
@@ -414,11 +460,11 @@ def batched_powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torc
     if q is None:
         q = _fresh_q(state, [(side, rank)], buffer.dtype, buffer.device)[0]
     orthogonalize_(q, state.orthogonalization_epsilon)
-    p = matrix @ q
+    p = power_step_p(matrix, q)
     hooks.all_reduce_counted(p, group)
     _check_finite(p, state, bucket)
     orthogonalize_(p, state.orthogonalization_epsilon)
-    qt = p.mT @ matrix
+    qt = power_step_qt(matrix, p)
     hooks.all_reduce_counted(qt, group)
     qt.div_(world_size)
     torch.matmul(p, qt, out=matrix)
@@ -426,11 +472,6 @@ def batched_powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torc
     if state.warm_start:
         state.q_memory_dict[layout] = qt.mT.contiguous()
     if state.use_error_feedback:
-        _remember_error(state, keys, bucket.gradients(), before_compression - buffer)
+        remember_error(state, keys, bucket.gradients(), before_compression - buffer)
     state.maybe_increase_iter(bucket)
-    return _done(buffer)
-
-
-# snake-case names, as the course's text uses them
-powersgd_hook = powerSGD_hook
-batched_powersgd_hook = batched_powerSGD_hook
+    return hooks.completed_future(buffer)

@@ -2,115 +2,150 @@
 
 One worker, three ways to start it:
 
-* from a notebook or a test: ``launch.spawn(ddp_train, world_size, config)``;
+* from a notebook or a test: ``launch.spawn(ddp_train, world_size, TrainConfig(...))``;
 * from the command line on one machine: ``torchrun --nproc-per-node 2 -m course_lib.train --hook powersgd``;
 * across machines: ``torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d
-  --rdzv-endpoint HOST:29400 -m course_lib.train --hook powersgd --rank 2`` on each node.
+  --rdzv-endpoint HOST:29400 -m course_lib.train --hook powersgd --matrix-approximation-rank 2`` on each node.
 
 Every rank trains on its own slice of each global batch; the hook decides what crosses the network.
+What a run takes is a :class:`TrainConfig`, what it gives back a :class:`TrainResult`. PowerSGD's
+arguments keep torch's names (``matrix_approximation_rank``, ``start_powerSGD_iter``,
+``use_error_feedback``, ``warm_start``) from the command line to :class:`~course_lib.powersgd.PowerSGDState`;
+``rank`` always means a process.
 """
 
 import argparse
+import dataclasses
 import io
 import logging
 import time
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_psgd
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib import hooks, powersgd
-from course_lib.digits import digits_tensors, mlp
-from course_lib.launch import init_from_env, report_progress
+from course_lib.launch import init_from_env, report_progress, worker_device
+from course_lib.support.digits import batch_slice, digits_tensors, mlp
 
-__all__ = ["HOOKS", "make_hook", "ddp_train", "train_several", "bucket_layouts", "main"]
+__all__ = ["HOOKS", "TrainConfig", "TrainResult", "make_hook", "ddp_train", "train_several", "bucket_layouts",
+           "main"]
 
 HOOKS = ("allreduce", "fp16", "bf16", "powersgd", "batched_powersgd", "torch_powersgd", "torch_batched_powersgd",
          "noop")
 
+# torch's PowerSGD state logs a warning on every pickling, in every rank: noise in a notebook
+logging.getLogger(torch_psgd.__name__).setLevel(logging.ERROR)
 
-def make_hook(name: str, rank: int = 2, start_iter: int = 10, error_feedback: bool = True, warm_start: bool = True,
-              seed: int = 0, process_group=None):
-    """``(state, hook)`` for ``ddp_model.register_comm_hook(state, hook)``."""
-    if name == "allreduce":
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run. Every field has a default; change some with ``TrainConfig(hook="powersgd")``
+    or ``dataclasses.replace(config, seed=1)``."""
+
+    hook: str = "allreduce"  # one of HOOKS
+    # PowerSGD's arguments, named as torch's PowerSGDState names them (ignored by the other hooks)
+    matrix_approximation_rank: int = 2
+    start_powerSGD_iter: int = 10
+    use_error_feedback: bool = True
+    warm_start: bool = True
+    # the run
+    steps: int = 100
+    batch_size: int = 64  # global: each of the world_size ranks takes batch_size / world_size of it
+    lr: float = 0.1
+    momentum: float = 0.0
+    seed: int = 0  # the model's initialization, the batch order and PowerSGD's random_seed
+    # the model: an MLP n_in -> hidden (depth times) -> 10 on the digits (tiled when n_in > 64)
+    hidden: int = 64
+    depth: int = 2
+    n_in: int = 64
+    bucket_cap_mb: float = 25
+    # what is recorded
+    eval_every: int = 10
+    record_params: bool = False  # the parameters after every step, for comparisons
+    # at this step, checkpoint model, optimizer and hook state with torch.save, then continue with a
+    # *new* DDP model, optimizer and hook state loaded from it, as a restarted job would
+    resume_at: int | None = None
+
+    def __post_init__(self):
+        if self.hook not in HOOKS:
+            raise ValueError(f"unknown hook {self.hook!r}: use one of {HOOKS}")
+        for name in ("steps", "batch_size", "hidden", "depth", "n_in", "eval_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class TrainResult:
+    """What one rank saw during a run; lists have one entry per step unless said otherwise."""
+
+    loss: list[float] = field(default_factory=list)  # training loss of the global batch
+    bytes: list[int] = field(default_factory=list)  # gradient bytes this rank's hook has sent so far
+    step_time_s: list[float] = field(default_factory=list)  # forward, backward, communication, update
+    error_norm: list[float] = field(default_factory=list)  # PowerSGD's error-feedback memory, when kept
+    params: list[torch.Tensor] = field(default_factory=list)  # flat parameters, with record_params
+    test_step: list[int] = field(default_factory=list)  # the steps after which the test set was scored
+    test_accuracy: list[float] = field(default_factory=list)
+    test_loss: list[float] = field(default_factory=list)
+    final_params: list[torch.Tensor] = field(default_factory=list)  # one tensor per parameter
+    compression_stats: tuple | None = None  # PowerSGDState.compression_stats() at the end
+
+
+def make_hook(config: TrainConfig, process_group=None):
+    """``(state, hook)`` for ``ddp_model.register_comm_hook(state, hook)``, as ``config`` says."""
+    if config.hook == "allreduce":
         return process_group, hooks.allreduce_hook
-    if name == "fp16":
+    if config.hook == "fp16":
         return process_group, hooks.fp16_compress_hook
-    if name == "bf16":
+    if config.hook == "bf16":
         return process_group, hooks.bf16_compress_hook
-    if name == "noop":
+    if config.hook == "noop":
         return None, hooks.noop_hook
-    kwargs = dict(process_group=process_group, matrix_approximation_rank=rank, start_powerSGD_iter=start_iter,
-                  use_error_feedback=error_feedback, warm_start=warm_start, random_seed=seed)
-    if name in ("powersgd", "batched_powersgd"):
-        hook = powersgd.powerSGD_hook if name == "powersgd" else powersgd.batched_powerSGD_hook
-        return powersgd.PowerSGDState(**kwargs), hook
-    if name in ("torch_powersgd", "torch_batched_powersgd"):
-        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_psgd
-
-        # torch's state logs a warning on every pickling, in every rank: noise in a notebook
-        logging.getLogger(torch_psgd.__name__).setLevel(logging.ERROR)
-
-        hook = torch_psgd.powerSGD_hook if name == "torch_powersgd" else torch_psgd.batched_powerSGD_hook
-        return torch_psgd.PowerSGDState(**kwargs), hook
-    raise ValueError(f"unknown hook {name!r}: use one of {HOOKS}")
+    state_args = dict(process_group=process_group, matrix_approximation_rank=config.matrix_approximation_rank,
+                      start_powerSGD_iter=config.start_powerSGD_iter, use_error_feedback=config.use_error_feedback,
+                      warm_start=config.warm_start, random_seed=config.seed)
+    module = powersgd if config.hook in ("powersgd", "batched_powersgd") else torch_psgd
+    hook = module.batched_powerSGD_hook if "batched" in config.hook else module.powerSGD_hook
+    return module.PowerSGDState(**state_args), hook
 
 
-def _device_for(rank: int) -> torch.device:
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def ddp_train(rank: int, world_size: int, config: dict) -> dict:
-    """Worker: train the digits MLP under DDP with ``config['hook']``; the curves and the bytes sent.
-
-    ``config`` keys (all optional): hook, rank, start_iter, error_feedback, warm_start, steps,
-    batch_size (global), lr, momentum, hidden, depth, n_in, bucket_cap_mb, seed, eval_every,
-    record_params (parameters after every step, for comparisons), and resume_at: at that step,
-    checkpoint model, optimizer and hook state with ``torch.save``, then continue with a *new* DDP
-    model, optimizer and hook state loaded from it, as a restarted job would.
-    """
-    c = dict(hook="allreduce", rank=2, start_iter=10, error_feedback=True, warm_start=True, steps=100,
-             batch_size=64, lr=0.1, momentum=0.0, hidden=64, depth=2, n_in=64, bucket_cap_mb=25, seed=0,
-             eval_every=10, record_params=False, resume_at=None)
-    unknown = set(config) - set(c)
-    if unknown:
-        raise ValueError(f"unknown config keys {sorted(unknown)}; known: {sorted(c)}")
-    c.update(config)
-    if c["batch_size"] % world_size:
-        raise ValueError(f"batch_size {c['batch_size']} must be divisible by world_size {world_size}")
-    device = _device_for(rank)
+def ddp_train(rank: int, world_size: int, config: TrainConfig) -> TrainResult:
+    """Worker: train the digits MLP under DDP as ``config`` says; the curves and the bytes sent."""
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"ddp_train takes a TrainConfig, got {type(config).__name__}: "
+                        f"write TrainConfig(hook=..., steps=...) (see course_lib.train.TrainConfig for the fields)")
+    c = config
+    if c.batch_size % world_size:
+        raise ValueError(f"batch_size {c.batch_size} must be divisible by world_size {world_size}")
+    device = worker_device()
     x_train, y_train, x_test, y_test = (t.to(device) for t in digits_tensors(seed=0))
-    if c["n_in"] != 64:  # wider inputs for benchmarks: the digits, tiled
-        reps = -(-c["n_in"] // 64)
-        x_train, x_test = x_train.repeat(1, reps)[:, : c["n_in"]], x_test.repeat(1, reps)[:, : c["n_in"]]
+    if c.n_in != 64:  # wider inputs for benchmarks: the digits, tiled
+        reps = -(-c.n_in // 64)
+        x_train, x_test = x_train.repeat(1, reps)[:, : c.n_in], x_test.repeat(1, reps)[:, : c.n_in]
 
     def build(checkpoint=None):
-        net = mlp(hidden=c["hidden"], depth=c["depth"], seed=c["seed"], n_in=c["n_in"]).to(device)
+        net = mlp(hidden=c.hidden, depth=c.depth, seed=c.seed, n_in=c.n_in).to(device)
         if checkpoint is not None:
             net.load_state_dict(checkpoint["model"])
-        model = DDP(net, bucket_cap_mb=c["bucket_cap_mb"])
-        if checkpoint is None:
-            state, hook = make_hook(c["hook"], c["rank"], c["start_iter"], c["error_feedback"], c["warm_start"],
-                                    c["seed"])
-        else:
-            state, hook = checkpoint["hook_state"], make_hook(c["hook"])[1]
+        model = DDP(net, bucket_cap_mb=c.bucket_cap_mb)
+        state, hook = make_hook(c)
+        if checkpoint is not None:
+            state = checkpoint["hook_state"]
         model.register_comm_hook(state, hook)
-        opt = torch.optim.SGD(model.parameters(), lr=c["lr"], momentum=c["momentum"])
+        opt = torch.optim.SGD(model.parameters(), lr=c.lr, momentum=c.momentum)
         if checkpoint is not None:
             opt.load_state_dict(checkpoint["optimizer"])
         return model, state, opt
 
     model, state, opt = build()
-    per_rank = c["batch_size"] // world_size
-    order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(c["seed"])).to(device)
-    out = {"loss": [], "bytes": [], "test_step": [], "test_accuracy": [], "test_loss": [], "params": [],
-           "step_time_s": [], "error_norm": []}
+    order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(c.seed)).to(device)
+    out = TrainResult()
     hooks.traffic.reset()
-    for step in range(c["steps"]):
-        if step == c["resume_at"]:
+    for step in range(c.steps):
+        if step == c.resume_at:
             # The hook state is pickled whole, as torch's documentation shows for its PowerSGDState
             # (the process group is left out; torch.load needs weights_only=False for it).
             buf = io.BytesIO()
@@ -118,8 +153,7 @@ def ddp_train(rank: int, world_size: int, config: dict) -> dict:
             del model, state, opt
             buf.seek(0)
             model, state, opt = build(torch.load(buf, weights_only=False))
-        start = (step * c["batch_size"]) % (len(x_train) - c["batch_size"] + 1)
-        idx = order[start + rank * per_rank : start + (rank + 1) * per_rank]
+        idx = order[batch_slice(step, c.batch_size, len(x_train), rank, world_size)]
         t0 = time.perf_counter()
         opt.zero_grad()
         loss = nn.functional.cross_entropy(model(x_train[idx]), y_train[idx])
@@ -127,31 +161,31 @@ def ddp_train(rank: int, world_size: int, config: dict) -> dict:
         opt.step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        out["step_time_s"].append(time.perf_counter() - t0)
+        out.step_time_s.append(time.perf_counter() - t0)
         # the loss of the global batch: average over ranks (not counted as hook traffic)
         avg = loss.detach().clone()
         dist.all_reduce(avg)
-        out["loss"].append(avg.item() / world_size)
-        out["bytes"].append(hooks.traffic.bytes)
+        out.loss.append(avg.item() / world_size)
+        out.bytes.append(hooks.traffic.bytes)
         errors = getattr(state, "error_dict", None)
         if errors is not None:  # the error-feedback memory (ours per parameter, torch's per bucket)
-            out["error_norm"].append(sum(e.double().square().sum().item() for e in errors.values()) ** 0.5)
-        if c["record_params"]:
-            out["params"].append(torch.cat([p.detach().flatten() for p in model.module.parameters()]).cpu())
+            out.error_norm.append(sum(e.double().square().sum().item() for e in errors.values()) ** 0.5)
+        if c.record_params:
+            out.params.append(torch.cat([p.detach().flatten() for p in model.module.parameters()]).cpu())
         report_progress()
-        if (step + 1) % c["eval_every"] == 0 or step + 1 == c["steps"]:
+        if (step + 1) % c.eval_every == 0 or step + 1 == c.steps:
             with torch.no_grad():
                 logits = model.module(x_test)
-                out["test_step"].append(step + 1)
-                out["test_accuracy"].append((logits.argmax(1) == y_test).float().mean().item())
-                out["test_loss"].append(nn.functional.cross_entropy(logits, y_test).item())
-    out["final_params"] = [p.detach().cpu().clone() for p in model.module.parameters()]
+                out.test_step.append(step + 1)
+                out.test_accuracy.append((logits.argmax(1) == y_test).float().mean().item())
+                out.test_loss.append(nn.functional.cross_entropy(logits, y_test).item())
+    out.final_params = [p.detach().cpu().clone() for p in model.module.parameters()]
     if hasattr(state, "compression_stats"):
-        out["compression_stats"] = state.compression_stats()
+        out.compression_stats = state.compression_stats()
     return out
 
 
-def train_several(rank: int, world_size: int, configs: list[dict]) -> list[dict]:
+def train_several(rank: int, world_size: int, configs: list[TrainConfig]) -> list[TrainResult]:
     """Worker: :func:`ddp_train` once per config, one after another in the same processes
     (starting processes costs seconds; a notebook experiment starts them once)."""
     return [ddp_train(rank, world_size, c) for c in configs]
@@ -172,28 +206,41 @@ def bucket_layouts(rank: int, world_size: int, hidden: int = 512, bucket_cap_mb:
     return log.calls
 
 
-def main(argv=None) -> None:
-    """``torchrun ... -m course_lib.train --hook powersgd --rank 2``: train, print a summary on rank 0."""
+def _argument_parser() -> argparse.ArgumentParser:
+    # One flag per TrainConfig field, with the field's name: --matrix-approximation-rank 2 sets
+    # TrainConfig.matrix_approximation_rank, which becomes PowerSGDState.matrix_approximation_rank.
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--hook", choices=HOOKS, default="allreduce")
-    ap.add_argument("--rank", type=int, default=2, help="PowerSGD's matrix approximation rank")
-    ap.add_argument("--start-iter", type=int, default=10, help="plain all-reduce before this step")
-    ap.add_argument("--no-error-feedback", action="store_true")
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--batch-size", type=int, default=64, help="global batch, split over the ranks")
-    ap.add_argument("--lr", type=float, default=0.1)
-    ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
-    args = ap.parse_args(argv)
-    rank, world_size, _ = init_from_env(args.backend)
+    for f in dataclasses.fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if f.name == "hook":
+            ap.add_argument(flag, choices=HOOKS, default=f.default)
+        elif f.type in (bool, "bool"):
+            ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+        elif f.name == "resume_at":
+            ap.add_argument(flag, type=int, default=f.default)
+        else:
+            ap.add_argument(flag, type=type(f.default), default=f.default)
+    return ap
+
+
+def main(argv=None) -> None:
+    """``torchrun ... -m course_lib.train --hook powersgd --matrix-approximation-rank 2``: train, print a
+    summary on rank 0. Every :class:`TrainConfig` field is a flag (``--help`` lists them)."""
+    args = vars(_argument_parser().parse_args(argv))
+    backend = args.pop("backend")
+    config = TrainConfig(**args)
+    # (init_from_env also returns this process's device; ddp_train asks launch.worker_device, which agrees)
+    rank, world_size, _ = init_from_env(backend)
     try:
-        out = ddp_train(rank, world_size, dict(hook=args.hook, rank=args.rank, start_iter=args.start_iter,
-                                               error_feedback=not args.no_error_feedback, steps=args.steps,
-                                               batch_size=args.batch_size, lr=args.lr, hidden=args.hidden))
+        out = ddp_train(rank, world_size, config)
         if rank == 0:
-            print(f"hook={args.hook} world_size={world_size} backend={dist.get_backend()} steps={args.steps}")
-            print(f"final train loss {out['loss'][-1]:.4f}, test accuracy {out['test_accuracy'][-1]:.4f}, "
-                  f"gradient bytes sent per rank {out['bytes'][-1]}")
+            print(f"hook={config.hook} world_size={world_size} backend={dist.get_backend()} steps={config.steps}")
+            print(f"final train loss {out.loss[-1]:.4f}, test accuracy {out.test_accuracy[-1]:.4f}, "
+                  f"gradient bytes sent per rank {out.bytes[-1]}")
+        # Leave together: a rank that tears its connections down while a peer is still inside
+        # gloo can abort that peer at exit ("terminate called without an active exception").
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

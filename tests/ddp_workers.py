@@ -1,13 +1,17 @@
 """DDP workers for the hook tests (spawn sends functions by name, so they live in a module)."""
 
+import copy
+from dataclasses import replace
+
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib import hooks, powersgd
-from course_lib.digits import mlp
-from course_lib.train import ddp_train
+from course_lib.lowrank import orthogonalize_
+from course_lib.support.digits import mlp
+from course_lib.train import TrainConfig, ddp_train
 
 
 def seed_usages(rank, world_size):
@@ -54,12 +58,44 @@ def one_compressed_step(rank, world_size, rank_r):
 
 
 def batched_and_torch_batched(rank, world_size):
-    cfg = dict(steps=12, start_iter=3, rank=2, hidden=128, bucket_cap_mb=0.05, lr=0.3)
-    ours = ddp_train(rank, world_size, dict(cfg, hook="batched_powersgd"))
+    cfg = TrainConfig(steps=12, start_powerSGD_iter=3, matrix_approximation_rank=2, hidden=128, bucket_cap_mb=0.05,
+                      lr=0.3)
+    ours = ddp_train(rank, world_size, replace(cfg, hook="batched_powersgd"))
     try:
-        ddp_train(rank, world_size, dict(cfg, hook="torch_batched_powersgd"))
+        ddp_train(rank, world_size, replace(cfg, hook="torch_batched_powersgd"))
         theirs = "ran"
     except Exception as e:  # torch's batched hook: AssertionError in _orthogonalize
         theirs = type(e).__name__
         dist.barrier()
     return ours, theirs
+
+
+def hook_against_error_feedback_step(rank, world_size):
+    """A warm-started compressed step of powerSGD_hook on one weight matrix, beside
+    ``powersgd.error_feedback_step`` with PowerSGD's compression written out here with plain ``@``."""
+    torch.manual_seed(0)
+    model = DDP(nn.Linear(16, 12, bias=False))
+    state = powersgd.PowerSGDState(matrix_approximation_rank=2, start_powerSGD_iter=2, min_compression_rate=0)
+    model.register_comm_hook(state, powersgd.powerSGD_hook)
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(4):  # iterations 0-1 all-reduce, 2 starts PowerSGD from fresh noise, 3 is warm
+        x = torch.randn(8, 16, generator=g)  # each rank its own data: different gradients
+        local = copy.deepcopy(model.module)
+        local(x).square().sum().backward()
+        error, q = state.error_dict.get(0), state.q_memory_dict.get(0)
+        error, q = (None, None) if error is None else (error.clone(), q.clone())
+        model.zero_grad()
+        model(x).square().sum().backward()
+
+    def compress(m):
+        q0 = orthogonalize_(q.clone())
+        p = m @ q0
+        dist.all_reduce(p)
+        orthogonalize_(p)
+        qt = p.T @ m
+        dist.all_reduce(qt)
+        return p @ (qt / world_size)
+
+    sent, new_error = powersgd.error_feedback_step(local.weight.grad, error.view(12, 16), compress)
+    return {"hook_sent": model.module.weight.grad.clone(), "hook_error": state.error_dict[0].view(12, 16).clone(),
+            "sent": sent, "error": new_error}

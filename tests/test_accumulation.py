@@ -3,8 +3,9 @@ import torch
 from torch import nn
 
 from course_lib import accumulation as acc
-from course_lib.digits import digits_tensors, mlp
 from course_lib.launch import spawn
+from course_lib.support import exercises as ex
+from course_lib.support.digits import digits_tensors, mlp
 
 
 def _grads(model):
@@ -100,11 +101,11 @@ def test_ddp_no_sync_cuts_all_reduces_and_matches_single_process():
 
 
 def test_exercise_checks_accept_the_reference_and_reject_the_classic_bugs(capsys):
-    assert acc.check_accumulate(acc.accumulate)
-    assert not acc.check_accumulate(acc.accumulate_naive)  # fails on the unequal split
+    assert ex.check_accumulate(acc.accumulate)
+    assert not ex.check_accumulate(acc.accumulate_naive)  # fails on the unequal split
     assert "case 1" in capsys.readouterr().out
-    assert acc.check_micro_batch_loss(acc.micro_batch_loss)
-    assert not acc.check_micro_batch_loss(lambda logits, y, n: nn.functional.cross_entropy(logits, y))
+    assert ex.check_micro_batch_loss(acc.micro_batch_loss)
+    assert not ex.check_micro_batch_loss(lambda logits, y, n: nn.functional.cross_entropy(logits, y))
 
 
 def test_graph_lines_end_in_accumulate_grad():

@@ -2,14 +2,16 @@ import pytest
 import torch
 
 from course_lib import collectives as C
-from course_lib.exercises import check_distributed
 from course_lib.launch import spawn
+from course_lib.support import demos
+from course_lib.support import exercises as ex
+from course_lib.support.exercises import check_distributed
 from tests import collective_workers as W
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_collectives_match_torch_distributed(world_size):
-    results = spawn(C.compare_with_torch, world_size, backend="gloo")
+    results = spawn(demos.compare_with_torch, world_size, backend="gloo")
     checked = 0
     for rank, rows in enumerate(results):
         for name, n, dtype, ours, theirs, in_place in rows:
@@ -21,18 +23,20 @@ def test_collectives_match_torch_distributed(world_size):
             checked += 1
     # every algorithm, length and dtype was compared on every rank (reduce only on its root)
     roots = len({0, world_size - 1})
-    per_rank = len(C.LENGTHS) * len(C.DTYPES) * (2 + roots)
-    assert checked == world_size * per_rank + len(C.LENGTHS) * len(C.DTYPES) * roots
+    per_rank = len(demos.LENGTHS) * len(demos.DTYPES) * (2 + roots)
+    assert checked == world_size * per_rank + len(demos.LENGTHS) * len(demos.DTYPES) * roots
 
 
 def test_all_reduce_equals_the_sum_computed_locally():
     world_size = 3
-    results = spawn(C.compare_with_torch, world_size, backend="gloo")
-    want = sum(C._data(r, 1001, torch.float64) for r in range(world_size))
+    results = spawn(demos.compare_with_torch, world_size, backend="gloo")
+    want = sum(demos._data(r, 1001, torch.float64) for r in range(world_size))
     for rows in results:
-        for name, n, dtype, ours, _, _ in rows:
-            if n == 1001 and dtype == torch.float64 and "all_reduce" in name:
-                torch.testing.assert_close(ours, want)
+        picked = [(name, ours) for name, n, dtype, ours, _, _ in rows
+                  if n == 1001 and dtype == torch.float64 and "all_reduce" in name]
+        assert sorted(name for name, _ in picked) == ["naive_all_reduce", "ring_all_reduce"]
+        for _, ours in picked:
+            torch.testing.assert_close(ours, want)
 
 
 def test_subgroups_use_group_ranks():
@@ -48,7 +52,7 @@ def test_subgroups_use_group_ranks():
 
 def test_ring_trace_shows_reduce_scatter_then_all_gather():
     p = 4
-    traces = spawn(C.ring_trace, p, backend="gloo")
+    traces = spawn(demos.ring_trace, p, backend="gloo")
     for rank, trace in enumerate(traces):
         assert [phase for phase, _, _ in trace] == ["start"] + ["reduce-scatter"] * (p - 1) + ["all-gather"] * (p - 1)
         # after reduce-scatter this rank owns chunk rank+1, summed over all ranks (bits 0..p-1 set)
@@ -63,17 +67,21 @@ def test_non_contiguous_tensor_is_refused():
 
 def test_blocking_ring_shift_deadlocks_and_ring_shift_does_not():
     with pytest.raises(TimeoutError, match=r"\[0, 1, 2\]"):
-        spawn(C.shift_worker, 3, "blocking_ring_shift", backend="gloo", timeout_s=5)
-    out = spawn(C.shift_worker, 3, "ring_shift", backend="gloo")
+        spawn(demos.shift_worker, 3, "blocking_ring_shift", backend="gloo", timeout_s=5)
+    out = spawn(demos.shift_worker, 3, "ring_shift", backend="gloo")
     assert [t.item() for t in out] == [2.0, 0.0, 1.0]
 
 
 def test_exercise_checks(capsys):
-    assert check_distributed(C.reduce_scatter, C.reduce_scatter, C.exercise_inputs, name="ref")
+    assert check_distributed(C.reduce_scatter, C.reduce_scatter, ex.exercise_inputs, name="ref")
     assert "[PASS] ref" in capsys.readouterr().out
-    assert not check_distributed(W.wrong_reduce_scatter, C.reduce_scatter, C.exercise_inputs, name="wrong")
+    assert not check_distributed(W.wrong_reduce_scatter, C.reduce_scatter, ex.exercise_inputs, name="wrong")
     assert "[FAIL] wrong, world size 2, rank 0" in capsys.readouterr().out
-    assert not check_distributed(W.todo, C.reduce_scatter, C.exercise_inputs, name="todo")
+    assert not check_distributed(W.todo, C.reduce_scatter, ex.exercise_inputs, name="todo")
     assert "[not yet] todo" in capsys.readouterr().out
-    assert not check_distributed(C.blocking_ring_shift, C.ring_shift, C.exercise_inputs, name="dl", timeout_s=5)
+    assert not check_distributed(C.blocking_ring_shift, C.ring_shift, ex.exercise_inputs, name="dl", timeout_s=5)
     assert "no answer after 5 s. A deadlock?" in capsys.readouterr().out
+    # the notebook's exercises, as a student runs them
+    assert ex.check_reduce_scatter(C.reduce_scatter) and ex.check_ring_shift(C.ring_shift)
+    assert not ex.check_ring_shift(W.todo)
+    assert "[not yet] todo" in capsys.readouterr().out

@@ -1,4 +1,4 @@
-from course_lib.figures import build_all
+from course_lib.support.figures import build_all
 
 
 def test_make_figures_draws_every_diagram(tmp_path):

@@ -1,9 +1,9 @@
 import torch
 from torch import nn
 
-from course_lib.digits import digits_tensors, mlp
 from course_lib.launch import spawn
-from course_lib.train import train_several
+from course_lib.support.digits import digits_tensors, mlp
+from course_lib.train import TrainConfig, train_several
 from tests import ddp_workers as W
 
 STEPS, BATCH = 6, 64
@@ -25,7 +25,7 @@ def _reference_params(steps=STEPS, batch=BATCH, lr=0.1):
 
 
 def _run(hook_names, world_size=2):
-    configs = [dict(hook=h, steps=STEPS, batch_size=BATCH, eval_every=STEPS) for h in hook_names]
+    configs = [TrainConfig(hook=h, steps=STEPS, batch_size=BATCH, eval_every=STEPS) for h in hook_names]
     return spawn(train_several, world_size, configs, backend="gloo")
 
 
@@ -40,19 +40,19 @@ def test_default_hooks_against_a_single_process_reference():
     res = {n: [o[i] for o in out] for i, n in enumerate(names)}
     n_params = sum(p.numel() for p in ref)
     # allreduce: what DDP does; equal to one process on the whole batch
-    assert _close(res["allreduce"][0]["final_params"], ref, 1e-5, 1e-6)
-    assert res["allreduce"][0]["bytes"][-1] == STEPS * n_params * 4
+    assert _close(res["allreduce"][0].final_params, ref, 1e-5, 1e-6)
+    assert res["allreduce"][0].bytes[-1] == STEPS * n_params * 4
     # fp16 / bf16: half the bytes, close to the reference, identical on both ranks
     for name, tol in (("fp16", 1e-3), ("bf16", 1e-2)):
         r0, r1 = res[name]
-        assert r0["bytes"][-1] == STEPS * n_params * 2
-        assert _close(r0["final_params"], ref, tol, tol)
-        assert not _close(r0["final_params"], ref, 1e-7, 0)  # really compressed
-        assert all(torch.equal(a, b) for a, b in zip(r0["final_params"], r1["final_params"]))
+        assert r0.bytes[-1] == STEPS * n_params * 2
+        assert _close(r0.final_params, ref, tol, tol)
+        assert not _close(r0.final_params, ref, 1e-7, 0)  # really compressed
+        assert all(torch.equal(a, b) for a, b in zip(r0.final_params, r1.final_params))
     # noop: nothing sent, and the ranks drift apart
     r0, r1 = res["noop"]
-    assert r0["bytes"][-1] == 0
-    assert not _close(r0["final_params"], r1["final_params"], 1e-4, 1e-6)
+    assert r0.bytes[-1] == 0
+    assert not _close(r0.final_params, r1.final_params, 1e-4, 1e-6)
 
 
 def test_seed_usages_work_on_gloo_and_wrapper_equals_hook():

@@ -1,20 +1,93 @@
 """course_lib.launch.spawn with real gloo processes on the CPU."""
 
+import errno
+import inspect
 import multiprocessing as mp
+import os
+import signal
+import subprocess
 import sys
 import threading
 import time
+import types
+from pathlib import Path
 
 import pytest
 import torch
 
 from course_lib import launch
+from course_lib.support import demos
 from tests import workers
+
+REPO = Path(__file__).resolve().parent.parent
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG")
+
+
+def _spawned_children():
+    """Pids of the running processes that this one started with the spawn start method (Linux)."""
+    # Independent of multiprocessing's own bookkeeping, which only knows the processes it was
+    # handed back: the workers' command line is `python -c "from multiprocessing.spawn import
+    # spawn_main; ..."` (the resource tracker's is not).
+    found = set()
+    if not os.path.isdir("/proc"):
+        return found
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if int(ppid) == os.getpid() and state != "Z" and b"spawn_main" in cmdline:
+            found.add(int(entry))
+    return found
 
 
 def _no_children_left():
     # active_children() also reaps finished ones; anything left is still running.
-    return mp.active_children() == []
+    return mp.active_children() == [] and not _spawned_children()
+
+
+def _running(pid):
+    """Whether process ``pid`` exists and is not a zombie (which has finished, unreaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _read_pids(pid_dir):
+    texts = [path.read_text() for path in Path(pid_dir).glob("rank*.pid")]
+    return [int(t) for t in texts if t.isdigit()]  # a file being written may still be empty
+
+
+def _wait_for(condition, timeout_s):
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return condition()
+
+
+class _PicklesOnly:
+    """An argument that can be pickled ``times`` times, then raises ``error``.
+
+    spawn pickles the arguments once for each process it starts, so ranks 0 .. times-1 start and
+    starting the next one fails, as when Ctrl-C, or an OS out of processes or file descriptors,
+    interrupts start_processes half way. (The workers get a string in its place.)
+    """
+
+    def __init__(self, times, error):
+        self.times, self.error, self.pickled = times, error, 0
+
+    def __reduce__(self):
+        if self.pickled == self.times:
+            raise self.error
+        self.pickled += 1
+        return (str, ("stand-in",))
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
@@ -108,10 +181,7 @@ def test_lambda_and_main_functions_are_refused_with_advice():
         launch.spawn(nested, 2)
 
 
-
 def test_function_from_a_notebook_main_is_refused(monkeypatch):
-    import types
-
     def in_main(rank, world_size):
         return rank
 
@@ -137,7 +207,7 @@ def test_init_from_env_explains_torchrun(monkeypatch):
 
 def test_rendezvous_demo_meets_through_tcp_file_and_env(tmp_path):
     methods = [f"tcp://127.0.0.1:{launch.free_port()}", f"file://{tmp_path}/rendezvous", "env://"]
-    out = launch.spawn(launch.rendezvous_demo, 2, methods, launch.free_port(), backend="gloo")
+    out = launch.spawn(demos.rendezvous_demo, 2, methods, launch.free_port(), backend="gloo")
     for rank, rows in enumerate(out):
         assert [r["method"] for r in rows] == ["tcp", "file", "env"]
         assert all(r["rank"] == rank and r["sum"] == 3.0 for r in rows)
@@ -148,3 +218,90 @@ def test_progress_bar_counts_rank_zero_reports(capsys):
     assert out == [5, 5]
     err = capsys.readouterr().err
     assert "counting" in err and "5/5" in err
+
+
+def test_workers_are_started_by_torch_start_processes():
+    out = launch.spawn(workers.how_started, 2, backend="gloo")
+    wrapper = (inspect.getsourcefile(torch.multiprocessing.start_processes), "_wrap")
+    worker = (inspect.getsourcefile(launch), "_worker")
+    for rank in out:
+        # start_processes' wrapper called launch._worker, which called fn
+        assert wrapper in rank["stack"] and worker in rank["stack"]
+        assert rank["stack"].index(wrapper) < rank["stack"].index(worker)
+        if sys.platform.startswith("linux"):
+            assert rank["pdeathsig"] == signal.SIGINT  # what the wrapper asks of the kernel
+    assert _no_children_left()
+
+
+@linux_only
+def test_workers_exit_when_the_parent_process_is_killed(tmp_path):
+    # No finally of spawn's runs when its process is SIGKILLed (by the user, or the out-of-memory
+    # killer): it is the SIGINT that start_processes has Linux send at the parent's death.
+    code = (
+        "from course_lib import launch; from tests import workers; "
+        f"launch.spawn(workers.pid_then_sleep, 2, {str(tmp_path)!r}, 600, backend='gloo', timeout_s=600)"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=REPO)
+    try:
+        assert _wait_for(lambda: len(_read_pids(tmp_path)) == 2, 120), "the workers did not start"
+        pids = _read_pids(tmp_path)
+        assert all(_running(pid) for pid in pids)
+        parent.kill()
+        parent.wait()
+        assert _wait_for(lambda: not any(_running(pid) for pid in pids), 30), f"workers {pids} outlived their parent"
+    finally:
+        parent.kill()
+        parent.wait()
+        for pid in _read_pids(tmp_path):  # so that a failure here leaves nothing running either
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@linux_only
+def test_no_orphans_after_a_worker_fails(tmp_path):
+    with pytest.raises(launch.WorkerError, match="rank 1.*rank one fails"):
+        launch.spawn(workers.pid_then_fail_on_rank_one, 3, str(tmp_path), backend="gloo", timeout_s=60)
+    pids = _read_pids(tmp_path)
+    assert len(pids) == 3
+    assert not any(_running(pid) for pid in pids)
+    assert _no_children_left()
+
+
+@linux_only
+def test_no_orphans_after_ctrl_c_in_the_parent(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        launch.spawn(workers.pid_then_interrupt_parent, 2, str(tmp_path), backend="gloo", timeout_s=60)
+    pids = _read_pids(tmp_path)
+    assert len(pids) == 2
+    assert not any(_running(pid) for pid in pids)
+    assert _no_children_left()
+
+
+@pytest.mark.parametrize(
+    "error", [KeyboardInterrupt(), OSError(errno.EMFILE, "Too many open files")], ids=["ctrl-c", "emfile"]
+)
+def test_ranks_already_started_are_stopped_when_starting_the_next_fails(error):
+    arg = _PicklesOnly(2, error)
+    with pytest.raises(type(error)):
+        launch.spawn(workers.report, 3, arg, backend="gloo", timeout_s=60)
+    assert arg.pickled == 2  # ranks 0 and 1 got their arguments and were started; rank 2 was not
+    assert _no_children_left()
+
+
+def test_an_argument_that_cannot_be_pickled_gives_the_pickle_error():
+    # Nothing has started when rank 0's arguments fail to pickle; stopping must not trip over that.
+    with pytest.raises(TypeError, match="pickle"):
+        launch.spawn(workers.report, 2, threading.Lock(), backend="gloo")
+    assert _no_children_left()
+
+
+def test_stop_passes_over_a_process_that_never_started():
+    launch._stop([mp.get_context("spawn").Process(target=print)])
+
+
+def test_worker_whose_report_fails_is_named_with_the_traceback_start_processes_kept():
+    with pytest.raises(launch.WorkerError, match="rank 1.*exited with code 1") as info:
+        launch.spawn(workers.raise_unprintable_on_rank_one, 2, backend="gloo", timeout_s=60)
+    tb = info.value.worker_traceback
+    assert "raise Unprintable()" in tb and "cannot be turned into a message" in tb
+    assert _no_children_left()

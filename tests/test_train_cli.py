@@ -5,14 +5,16 @@ import sys
 
 import pytest
 
-from course_lib.launch import spawn
-from course_lib.train import ddp_train, make_hook
+from course_lib import hooks, powersgd
+from course_lib.launch import WorkerError, spawn
+from course_lib.train import TrainConfig, _argument_parser, ddp_train, make_hook
 
 
 @pytest.mark.parametrize("hook", ["powersgd", "allreduce"])
 def test_torchrun_two_cpu_processes(hook):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "course_lib.train", "--hook", hook, "--steps", "30", "--start-iter", "5", "--backend", "gloo"]
+           "-m", "course_lib.train", "--hook", hook, "--steps", "30", "--start-powerSGD-iter", "5",
+           "--matrix-approximation-rank", "2", "--backend", "gloo"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"hook={hook} world_size=2 backend=gloo steps=30" in proc.stdout
@@ -21,9 +23,26 @@ def test_torchrun_two_cpu_processes(hook):
 
 def test_bad_config_and_hook_names():
     with pytest.raises(ValueError, match="unknown hook"):
-        make_hook("power")
-    with pytest.raises(Exception, match="unknown config keys"):
-        spawn(ddp_train, 1, {"stepz": 3}, backend="gloo")
+        TrainConfig(hook="power")
+    with pytest.raises(TypeError, match="stepz"):
+        TrainConfig(stepz=3)
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        TrainConfig(steps=0)
+    # the old dict of options is refused with what to write instead
+    with pytest.raises(WorkerError, match="ddp_train takes a TrainConfig"):
+        spawn(ddp_train, 1, {"steps": 3}, backend="gloo")
+
+
+def test_the_powersgd_rank_has_one_name_from_the_command_line_to_the_state():
+    args = ["--hook", "powersgd", "--matrix-approximation-rank", "3", "--start-powerSGD-iter", "7",
+            "--no-use-error-feedback"]
+    config = TrainConfig(**{k: v for k, v in vars(_argument_parser().parse_args(args)).items() if k != "backend"})
+    assert config == TrainConfig(hook="powersgd", matrix_approximation_rank=3, start_powerSGD_iter=7,
+                                 use_error_feedback=False)
+    state, hook = make_hook(config)
+    assert (state.matrix_approximation_rank, state.start_powerSGD_iter, state.use_error_feedback) == (3, 7, False)
+    assert hook is powersgd.powerSGD_hook
+    assert make_hook(TrainConfig(hook="allreduce"))[1] is hooks.allreduce_hook
 
 
 def test_the_script_explains_itself_without_torchrun():

@@ -1,7 +1,7 @@
 import torch
 
 from course_lib import lowrank
-from course_lib.widgets import bandwidth_explorer, hopper_gray, rank_explorer
+from course_lib.support.widgets import bandwidth_explorer, hopper_gray, rank_explorer
 
 
 def _matrices():

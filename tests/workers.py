@@ -1,7 +1,11 @@
 """Worker functions for the tests: spawn sends functions by name, so they live in a module."""
 
+import ctypes
 import os
+import signal
+import sys
 import time
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -52,3 +56,50 @@ def count_up(rank, world_size, n):
     for _ in range(n):
         report_progress()
     return n
+
+
+def how_started(rank, world_size):
+    """The functions on this worker's stack, and the signal it gets when its parent dies (Linux)."""
+    pdeathsig = None
+    if sys.platform.startswith("linux"):
+        sig = ctypes.c_int()
+        ctypes.CDLL(None).prctl(2, ctypes.byref(sig), 0, 0, 0)  # 2 = PR_GET_PDEATHSIG
+        pdeathsig = sig.value
+    return {"stack": [(f.filename, f.name) for f in traceback.extract_stack()], "pdeathsig": pdeathsig}
+
+
+def _write_pid(pid_dir, rank):
+    with open(os.path.join(pid_dir, f"rank{rank}.pid"), "w") as f:
+        f.write(str(os.getpid()))
+
+
+def pid_then_fail_on_rank_one(rank, world_size, pid_dir):
+    _write_pid(pid_dir, rank)
+    dist.barrier()  # every pid is on disk before rank 1 fails
+    if rank == 1:
+        raise ValueError("rank one fails after writing its pid")
+    time.sleep(600)  # the others would stay here long after the test, if nobody stopped them
+
+
+def pid_then_interrupt_parent(rank, world_size, pid_dir):
+    _write_pid(pid_dir, rank)
+    dist.barrier()  # every pid is on disk before the parent is interrupted
+    if rank == 0:
+        os.kill(os.getppid(), signal.SIGINT)  # as Ctrl-C (or a notebook's interrupt) in the parent
+    time.sleep(600)
+
+
+def pid_then_sleep(rank, world_size, pid_dir, seconds):
+    _write_pid(pid_dir, rank)
+    time.sleep(seconds)
+
+
+def raise_unprintable_on_rank_one(rank, world_size):
+    class Unprintable(Exception):
+        def __str__(self):
+            raise RuntimeError("this exception cannot be turned into a message")
+
+    if rank == 1:
+        raise Unprintable()  # so the worker's own report fails, and start_processes' wrapper catches it
+    time.sleep(600)
+    return rank

@@ -10,7 +10,7 @@ import torch
 from sklearn.datasets import load_digits
 from torch import nn
 
-__all__ = ["digits_tensors", "mlp", "gradient_snapshots"]
+__all__ = ["digits_tensors", "mlp", "batch_slice", "gradient_snapshots"]
 
 
 def digits_tensors(test_fraction: float = 0.25, seed: int = 0):
@@ -39,6 +39,23 @@ def mlp(hidden: int = 64, depth: int = 2, seed: int = 0, n_in: int = 64, n_out: 
     return nn.Sequential(*layers)
 
 
+def batch_slice(step: int, batch_size: int, n: int, rank: int = 0, world_size: int = 1) -> slice:
+    """Where, in a dataset of ``n`` (in a fixed shuffled order), ``rank`` finds its share of batch ``step``.
+
+    Batches of ``batch_size`` follow each other and wrap around before running off the end: the
+    batch of step s starts at ``(s * batch_size) % (n - batch_size + 1)``. Each of ``world_size``
+    ranks takes the next ``batch_size / world_size`` items of it, in rank order, so the ranks
+    together see exactly the batch one process would.
+    """
+    if not 1 <= batch_size <= n:
+        raise ValueError(f"batch_size must be between 1 and the dataset's {n}, got {batch_size}")
+    if batch_size % world_size:
+        raise ValueError(f"batch_size {batch_size} must be divisible by world_size {world_size}")
+    per_rank = batch_size // world_size
+    start = (step * batch_size) % (n - batch_size + 1) + rank * per_rank
+    return slice(start, start + per_rank)
+
+
 def gradient_snapshots(steps: int, hidden: int = 256, batch_size: int = 64, lr: float = 0.05,
                        seed: int = 0) -> list[dict[str, torch.Tensor]]:
     """Train the digits MLP with SGD for ``steps`` steps; each step's weight gradients, by layer name.
@@ -52,7 +69,9 @@ def gradient_snapshots(steps: int, hidden: int = 256, batch_size: int = 64, lr: 
     order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(seed))
     out = []
     for step in range(steps):
-        idx = order[(step * batch_size) % (len(x_train) - batch_size) :][:batch_size]
+        # (slicing as if the last example were not there: the windows these snapshots have always
+        # used, from which the notebooks' stored numbers come)
+        idx = order[batch_slice(step, batch_size, len(x_train) - 1)]
         opt.zero_grad()
         nn.functional.cross_entropy(model(x_train[idx]), y_train[idx]).backward()
         out.append({name: p.grad.detach().clone() for name, p in model.named_parameters() if p.dim() == 2})

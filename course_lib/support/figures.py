@@ -1,12 +1,15 @@
 """The course's diagrams, drawn by code so they can be regenerated: ``make figures`` writes ``img/``.
 
-``python -m course_lib.figures [FOLDER]`` draws:
+``python -m course_lib.support.figures [FOLDER]`` draws:
 
 * ``ddp_procedure.png``: broadcast the parameters, forward/backward on each worker's batch,
   all-reduce the gradients, identical updates;
 * ``bucket_hook_future.png``: how DDP hands gradient buckets to a communication hook;
 * ``powersgd_factorization.png``: M ~ P Q^T, and what each costs to send;
 * ``ring_allreduce.png``: a ring all-reduce on 4 processes, recorded from the algorithm itself.
+
+It also draws plots of a notebook's own results: ``plot_graph_states`` (notebook 01: the autograd
+graph at three moments) and ``plot_ring_trace`` (notebook 02: a ring all-reduce traced live).
 """
 
 import sys
@@ -15,10 +18,11 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyBboxPatch
 
-from course_lib import collectives
 from course_lib.launch import spawn
+from course_lib.support.demos import ring_trace
 
-__all__ = ["ddp_procedure", "bucket_hook_future", "powersgd_factorization", "ring_allreduce", "build_all"]
+__all__ = ["ddp_procedure", "bucket_hook_future", "powersgd_factorization", "ring_allreduce", "plot_ring_trace",
+           "plot_graph_states", "build_all"]
 
 COLORS = {"param": "#9ecae1", "grad": "#fdae6b", "avg": "#a1d99b", "box": "#f0f0f0", "hook": "#fdd0a2"}
 
@@ -113,7 +117,67 @@ def powersgd_factorization(n: int = 8, m: int = 6, r: int = 2):
 
 def ring_allreduce():
     """The ring all-reduce's real states on 4 gloo processes (this starts processes)."""
-    return collectives.plot_ring_trace(spawn(collectives.ring_trace, 4, backend="gloo"))
+    return plot_ring_trace(spawn(ring_trace, 4, backend="gloo"))
+
+
+# --- figures drawn from a notebook's own results --------------------------------------------------
+
+def plot_ring_trace(traces: list):
+    """Draw which ranks' data each chunk holds on each rank after each step of the ring all-reduce."""
+    p = len(traces)
+    steps = len(traces[0])
+    fig, axes = plt.subplots(steps, 1, figsize=(1.1 * p * p + 1.5, 0.75 * steps + 0.6))
+    cmap = plt.get_cmap("viridis", p + 1)
+    for row, ax in enumerate(axes):
+        phase, step, _ = traces[0][row]
+        for rank in range(p):
+            values = traces[rank][row][2].tolist()
+            for c, v in enumerate(values):
+                members = [r for r in range(p) if int(v) >> r & 1]
+                x = rank * (p + 1) + c
+                ax.add_patch(plt.Rectangle((x, 0), 0.95, 0.9, color=cmap(len(members))))
+                ax.text(x + 0.47, 0.45, "+".join(map(str, members)), ha="center", va="center", fontsize=7,
+                        color="white" if len(members) < p else "black")
+        label = "start" if phase == "start" else f"{phase}\nstep {step + 1}"
+        ax.text(-0.4, 0.45, label, ha="right", va="center", fontsize=8)
+        ax.set_xlim(-0.2, p * (p + 1))
+        ax.set_ylim(0, 1)
+        ax.axis("off")
+    for rank in range(p):
+        axes[0].text(rank * (p + 1) + p / 2, 1.15, f"rank {rank}: chunks 0..{p - 1}", ha="center", fontsize=9)
+    fig.suptitle("Ring all-reduce, recorded from the algorithm: each box lists the ranks whose data a chunk holds",
+                 fontsize=10, y=1.0)
+    fig.subplots_adjust(left=0.16, hspace=0.15)
+    return fig
+
+
+def plot_graph_states(states: dict[str, dict]):
+    """Draw the graph x -> (w, b) -> y -> loss once per moment, with the values autograd holds.
+
+    ``states`` maps a title ("after backward", ...) to a :func:`snapshot`.
+    """
+    fig, axes = plt.subplots(1, len(states), figsize=(4.2 * len(states), 3.2))
+    nodes = {"x": (0.1, 0.75), "w": (0.1, 0.45), "b": (0.1, 0.15), "y = w·x + b": (0.5, 0.45), "loss": (0.85, 0.45)}
+    for ax, (title, s) in zip(axes, states.items()):
+        for (a, b) in [("x", "y = w·x + b"), ("w", "y = w·x + b"), ("b", "y = w·x + b"), ("y = w·x + b", "loss")]:
+            ax.annotate("", xy=nodes[b], xytext=nodes[a],
+                        arrowprops=dict(arrowstyle="->", color="grey", shrinkA=18, shrinkB=24))
+        for name, (px, py) in nodes.items():
+            label = name
+            color = "whitesmoke"
+            if name in ("w", "b"):
+                grad = s[f"{name}.grad"]
+                label = f"{name} = {s[name]}\n.grad = {grad}"
+                color = "lightyellow" if grad is None else "lightgreen"
+            ax.text(px, py, label, ha="center", va="center", fontsize=8,
+                    bbox=dict(boxstyle="round", facecolor=color, edgecolor="grey"))
+        ax.set_title(title)
+        ax.set_xlim(-0.15, 1.0)
+        ax.set_ylim(0, 0.9)
+        ax.axis("off")
+    fig.suptitle("The graph at three moments (green: .grad holds a gradient; yellow: .grad is None)", fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 def build_all(folder: str = "img") -> list[Path]:

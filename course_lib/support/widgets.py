@@ -8,20 +8,27 @@ error any rank-r approximation could have (the SVD's), and how much smaller P an
 import io
 
 import ipywidgets as widgets
+import matplotlib.cbook as cbook
 import matplotlib.pyplot as plt
 import torch
 
 from course_lib import lowrank
 from course_lib.costmodel import predict_step_time
-from course_lib.digits import gradient_snapshots
+from course_lib.support.digits import gradient_snapshots
 
-__all__ = ["hopper_gray", "default_matrices", "rank_explorer", "INTERCONNECTS", "bandwidth_explorer"]
+__all__ = ["hopper_gray", "default_matrices", "rank_explorer", "bandwidth_explorer"]
+
+
+def _png(fig) -> bytes:
+    """``fig`` drawn as PNG bytes (for an ``ipywidgets.Image``), and closed so it is not also shown."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=72, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
 
 
 def hopper_gray() -> torch.Tensor:
     """matplotlib's bundled photograph of Grace Hopper, in grey, as a float32 (600 x 512) matrix."""
-    import matplotlib.cbook as cbook
-
     with cbook.get_sample_data("grace_hopper.jpg") as f:
         rgb = torch.tensor(plt.imread(f), dtype=torch.float32) / 255.0
     return rgb @ torch.tensor([0.299, 0.587, 0.114])
@@ -99,10 +106,7 @@ class RankExplorer(widgets.VBox):
                       vmax=None if grey else v)
             ax.set_title(title)
             ax.axis("off")
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=72, bbox_inches="tight")
-        plt.close(fig)
-        self.plot.value = buf.getvalue()
+        self.plot.value = _png(fig)
 
 
 def rank_explorer(matrices: dict[str, torch.Tensor] | None = None, rank: int = 4, max_rank: int = 64,
@@ -113,19 +117,6 @@ def rank_explorer(matrices: dict[str, torch.Tensor] | None = None, rank: int = 4
     seed, so the same rank always shows the same numbers) and redraws it beside the original.
     """
     return RankExplorer(matrices if matrices is not None else default_matrices(), rank, max_rank, iters, seed)
-
-
-# Interconnects for the what-if: bus bandwidth (GB/s) and a latency per message (s). Bandwidths
-# from nccl-tests reports and NCCL's model (../shared/FACTS.md); latencies are typical orders of
-# magnitude, an assumption stated in notebook 05.
-INTERCONNECTS = {
-    "1 Gb/s Ethernet": (0.125, 50e-6),
-    "10 Gb/s Ethernet": (1.25, 20e-6),
-    "100 Gb/s Ethernet": (12.5, 10e-6),
-    "PCIe Gen4 x16": (24.0, 5e-6),
-    "NVLink (H100, 8 GPUs)": (400.0, 3e-6),
-    "900 GB/s": (900.0, 3e-6),
-}
 
 
 class BandwidthExplorer(widgets.VBox):
@@ -165,10 +156,7 @@ class BandwidthExplorer(widgets.VBox):
         ax.invert_yaxis()
         ax.set_xlabel("predicted step time (ms)")
         ax.set_title(f"At {self.bandwidth.value:.3g} GB/s")
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=72, bbox_inches="tight")
-        plt.close(fig)
-        self.plot.value = buf.getvalue()
+        self.plot.value = _png(fig)
 
 
 def bandwidth_explorer(hooks: dict[str, dict], world_size: int, alpha_s: float = 10e-6,

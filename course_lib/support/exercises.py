@@ -1,8 +1,11 @@
-"""Check a student's answer against the course's reference and say clearly what is right or wrong.
+"""Every exercise of the course, checked against the course's reference, with a clear verdict.
 
-Every notebook's exercises use :func:`check`: it runs the student's function and the reference on
-the same inputs (each on its own copy, since many functions here work in place), compares the
-results, and prints either a pass or the first case that differs: which input, expected, got.
+One pattern in every notebook: write ``my_thing``, then run ``exercises.check_thing(my_thing)``.
+Each ``check_*`` below holds the exercise's inputs and its reference answer (the course's own
+function) and calls :func:`check`, which runs both on the same inputs (each on its own copy, since
+many functions here work in place), compares the results, and prints either a pass or the first
+case that differs: which input, expected, got. Functions that communicate go through
+:func:`check_distributed`, which runs them in real gloo processes.
 """
 
 from __future__ import annotations
@@ -12,10 +15,26 @@ import math
 import traceback
 
 import torch
+from torch import nn
 
+from course_lib import accumulation, collectives, lowrank, powersgd
 from course_lib.launch import WorkerError, spawn
+from course_lib.support.digits import digits_tensors, mlp
 
-__all__ = ["check", "check_distributed", "compare"]
+__all__ = [
+    "check",
+    "check_distributed",
+    "compare",
+    "check_accumulate",
+    "check_micro_batch_loss",
+    "exercise_inputs",
+    "check_reduce_scatter",
+    "check_ring_shift",
+    "check_orthogonalize",
+    "check_power_step",
+    "check_should_compress",
+    "check_error_feedback_step",
+]
 
 
 def compare(expected, got, rtol: float = 1e-5, atol: float = 1e-6) -> str | None:
@@ -141,3 +160,96 @@ def check_distributed(student, reference, make_inputs, world_sizes=(2, 3), *, na
                 return False
     print(f"[PASS] {name}: matches the reference on world sizes {', '.join(map(str, world_sizes))}.")
     return True
+
+
+def _name(student_fn, default: str) -> str:
+    return getattr(student_fn, "__name__", default)
+
+
+# --- notebook 01: gradient accumulation ------------------------------------------------------------
+
+def _grads_after(accumulate_fn, sizes) -> list[torch.Tensor]:
+    x_train, y_train, _, _ = digits_tensors()
+    n = 48 if isinstance(sizes, int) else sum(sizes)
+    model = mlp(seed=1)
+    accumulate_fn(model, nn.CrossEntropyLoss(), accumulation.split(x_train[:n], y_train[:n], sizes))
+    return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+
+
+def check_accumulate(student_fn) -> bool:
+    """``student_fn(model, loss_fn, micro_batches)`` leaves the large batch's gradient in ``.grad``.
+
+    Checked on 48 digits split in 4 equal parts, then in unequal parts [30, 10, 5, 3].
+    """
+    return check(lambda s: _grads_after(student_fn, s), lambda s: _grads_after(accumulation.accumulate, s),
+                 [(4,), ([30, 10, 5, 3],)], name=_name(student_fn, "accumulate"))
+
+
+def check_micro_batch_loss(student_fn) -> bool:
+    """``student_fn(logits, y, n_total)`` so that the micro-batch losses sum to the batch's mean loss."""
+    g = torch.Generator().manual_seed(0)
+    cases = [(torch.randn(n, 10, generator=g), torch.randint(0, 10, (n,), generator=g), total)
+             for n, total in [(30, 48), (3, 48), (16, 16)]]
+    return check(student_fn, accumulation.micro_batch_loss, cases, name=_name(student_fn, "micro_batch_loss"))
+
+
+# --- notebook 02: collectives ----------------------------------------------------------------------
+
+def exercise_inputs(rank: int, world_size: int):
+    """Each rank's input for the exercises: a length that does not divide evenly among ranks."""
+    g = torch.Generator().manual_seed(100 + rank)
+    return (torch.randn(2 * world_size + 1, generator=g),)
+
+
+def check_reduce_scatter(student_fn) -> bool:
+    """``student_fn(tensor)`` in a ``.py`` file: this rank's chunk of the sum, as ``collectives.reduce_scatter``."""
+    return check_distributed(student_fn, collectives.reduce_scatter, exercise_inputs,
+                             name=_name(student_fn, "reduce_scatter"))
+
+
+def check_ring_shift(student_fn) -> bool:
+    """``student_fn(tensor)`` in a ``.py`` file: the left neighbour's tensor, as ``collectives.ring_shift``."""
+    return check_distributed(student_fn, collectives.ring_shift, exercise_inputs, name=_name(student_fn, "ring_shift"))
+
+
+# --- notebook 03: power iteration ------------------------------------------------------------------
+
+def _random_matrices(shapes):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(*s, generator=g) for s in shapes]
+
+
+def check_orthogonalize(student_fn) -> bool:
+    """``student_fn(matrices)`` orthonormalizes the columns in place, like ``lowrank.orthogonalize_``."""
+    cases = [(m,) for m in _random_matrices([(6, 1), (20, 3), (4, 30, 2)])]
+    zero = torch.randn(8, 3, generator=torch.Generator().manual_seed(1))
+    zero[:, 1] = 0
+    cases.append((zero,))
+    return check(student_fn, lowrank.orthogonalize_, cases, name=_name(student_fn, "orthogonalize"))
+
+
+def check_power_step(student_fn) -> bool:
+    """``student_fn(M, Q)`` returns ``(P, Q_new)``: one step of subspace iteration, as ``lowrank.power_step``."""
+    cases = [tuple(_random_matrices([(30, 20), (20, 2)])), tuple(_random_matrices([(16, 40), (40, 3)]))]
+    return check(student_fn, lowrank.power_step, cases, name=_name(student_fn, "power_step"), rtol=1e-4, atol=1e-5)
+
+
+# --- notebook 04: PowerSGD -------------------------------------------------------------------------
+
+def check_should_compress(student_fn) -> bool:
+    """``student_fn(n, m, r, min_compression_rate)`` is True when PowerSGD compresses an n x m matrix."""
+    cases = [(512, 512, 2, 2), (10, 512, 4, 2), (512, 1, 1, 2), (100, 100, 25, 2), (100, 100, 24, 2), (64, 64, 8, 3)]
+    return check(student_fn, lambda n, m, r, rate: powersgd.should_compress(n, m, r, rate)[0], cases,
+                 name=_name(student_fn, "should_compress"))
+
+
+def _rank1(X):  # a deterministic rank-1 compressor: two power steps from a fixed seed
+    P, Q = lowrank.power_iteration(X, 1, 2, generator=torch.Generator().manual_seed(0))
+    return P @ Q.T
+
+
+def check_error_feedback_step(student_fn) -> bool:
+    """``student_fn(grad, error, compress)`` returns ``(sent, new_error)``, as ``powersgd.error_feedback_step``."""
+    cases = [(torch.randn(6, 5, generator=torch.Generator().manual_seed(s)),
+              torch.randn(6, 5, generator=torch.Generator().manual_seed(s + 10)) * 0.1, _rank1) for s in range(3)]
+    return check(student_fn, powersgd.error_feedback_step, cases, name=_name(student_fn, "error_feedback_step"))

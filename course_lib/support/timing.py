@@ -1,0 +1,25 @@
+"""How the course times code on one process: warm up, repeat, take the median.
+
+The median, not the mean, because a shared machine's slow outliers (another process taking the
+core, a page fault) land on one side only. Timings across processes are in ``course_lib.bandwidth``.
+"""
+
+import statistics
+import time
+
+__all__ = ["median_seconds"]
+
+
+def median_seconds(fn, repeats: int = 5, warmup: int = 1) -> float:
+    """Median wall-clock seconds of ``fn()`` over ``repeats`` calls, after ``warmup`` untimed calls
+    (allocations, kernel selection, caches)."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
