@@ -28,7 +28,7 @@ lab: $(VENV)/.course
 test: lint unit nbval nbval-other-cpu browser
 
 lint: $(VENV)/.test
-	$(BIN)/ruff check course_lib tests benchmarks notebooks
+	$(BIN)/ruff check course_lib tests benchmarks notebooks solutions
 
 unit: $(VENV)/.test
 	$(BIN)/python -m pytest -q tests --ignore=tests/test_browser.py

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from course_lib import collectives as C
 from course_lib.costmodel import bus_factor
 from course_lib.launch import report_progress, worker_device
+from course_lib.support.timing import median_seconds
 
 __all__ = ["measure_collective", "sweep", "ping_pong", "time_algorithms", "measure_gamma"]
 
@@ -155,11 +156,6 @@ def measure_gamma(nbytes: int = 16 * 2**20, iters: int = 7, threads: int = 1) ->
     torch.set_num_threads(threads)
     try:
         a, b = torch.ones(nbytes // 4), torch.ones(nbytes // 4)
-        times = []
-        for _ in range(iters + 1):
-            start = time.perf_counter()
-            a.add_(b)
-            times.append(time.perf_counter() - start)
-        return statistics.median(times[1:]) / (a.numel() * 4)
+        return median_seconds(lambda: a.add_(b), repeats=iters, warmup=1) / (a.numel() * 4)
     finally:
         torch.set_num_threads(saved)

@@ -24,11 +24,13 @@ Only arithmetic here: measuring a machine (timing collectives in workers) is ``c
 """
 
 import math
+from typing import NamedTuple
 
 import torch
 
-__all__ = ["ALGORITHMS", "alpha_beta_time", "fit_alpha_beta", "BUS_FACTORS", "bus_factor", "fit_ring_all_reduce",
-           "predict_step_time", "INTERCONNECTS"]
+__all__ = ["ALGORITHMS", "alpha_beta_time", "fit_alpha_beta", "BUS_FACTORS", "bus_factor", "ring_all_reduce_time",
+           "ring_crossover_bytes", "fit_ring_all_reduce", "predict_step_time", "Interconnect",
+           "INTERCONNECTS"]
 
 ALGORITHMS = ("naive_all_reduce", "tree_broadcast", "tree_reduce", "ring_all_reduce")
 
@@ -85,34 +87,67 @@ def bus_factor(op: str, world_size: int) -> float:
     return BUS_FACTORS[op](world_size)
 
 
+def ring_all_reduce_time(nbytes: float, world_size: int, alpha_s: float, busbw_GBps: float) -> float:
+    """Seconds of one ring all-reduce of ``nbytes`` per rank, from latency and *bus* bandwidth.
+
+    ``2(p-1) alpha + 2(p-1)/p * n / busbw``: the ring's ``2(p-1)/p * n * beta`` with nccl-tests'
+    busbw (``algbw * 2(p-1)/p``) standing for the link's ``1 / beta``. At p = 2 the factor is 1, and
+    busbw equals algbw; at 8 ranks it is 1.75. The package's one statement of this formula.
+    """
+    if world_size == 1:
+        return 0.0
+    return 2 * (world_size - 1) * alpha_s + bus_factor("all_reduce", world_size) * nbytes / (busbw_GBps * 1e9)
+
+
+def ring_crossover_bytes(world_size: int, alpha_s: float, busbw_GBps: float) -> float:
+    """The size at which a ring all-reduce's two terms are equal, ``2(p-1) alpha = 2(p-1)/p * n / busbw``:
+    ``n* = p alpha busbw``. Smaller messages are latency-bound, larger ones bandwidth-bound."""
+    latency = ring_all_reduce_time(0, world_size, alpha_s, busbw_GBps)
+    return latency * busbw_GBps * 1e9 / bus_factor("all_reduce", world_size)
+
+
 def fit_ring_all_reduce(rows: list[dict], world_size: int) -> tuple[float, float]:
     """alpha (s) and bus bandwidth (GB/s) of a ring all-reduce fitted to measured ``rows``.
 
-    The ring's time is 2(p-1) alpha + n / busbw (nccl-tests' busbw is defined so that the
-    bandwidth term is exactly that), a straight line in n: its intercept and slope give both.
+    :func:`ring_all_reduce_time` is a straight line in n: intercept ``2(p-1) alpha``, slope
+    ``2(p-1)/p / busbw``. A least-squares line through the measurements gives both.
     """
+    if world_size < 2:
+        raise ValueError(f"a ring all-reduce needs world_size >= 2 to be fitted, got {world_size}")
     intercept, slope = fit_alpha_beta([r["size_bytes"] for r in rows], [r["time_s"] for r in rows])
-    alpha = intercept / (2 * (world_size - 1)) if world_size > 1 else 0.0
-    return alpha, (1 / slope / 1e9 if slope > 0 else float("inf"))
+    alpha = intercept / (2 * (world_size - 1))
+    return alpha, (bus_factor("all_reduce", world_size) / slope / 1e9 if slope > 0 else float("inf"))
 
 
 def predict_step_time(compute_s: float, nbytes: float, collectives: int, world_size: int, busbw_GBps: float,
                       alpha_s: float) -> float:
     """Seconds per training step if the all-reduces do not overlap computation (the course's hooks):
-    compute, plus for each ring all-reduce 2(p-1) alpha, plus all the bytes at the bus bandwidth."""
+    compute, plus ``collectives`` ring all-reduces that together carry ``nbytes`` per rank."""
     if world_size == 1:
         return compute_s
-    return compute_s + collectives * 2 * (world_size - 1) * alpha_s + nbytes / (busbw_GBps * 1e9)
+    latency = ring_all_reduce_time(0, world_size, alpha_s, busbw_GBps)  # 2(p-1) alpha, paid per all-reduce
+    bandwidth = ring_all_reduce_time(nbytes, world_size, alpha_s, busbw_GBps) - latency  # paid per byte
+    return compute_s + collectives * latency + bandwidth
 
 
-# Interconnects for the what-if: bus bandwidth (GB/s) and a latency per message (s). Bandwidths
-# from nccl-tests reports and NCCL's model (../shared/FACTS.md); latencies are typical orders of
-# magnitude, an assumption stated in the multi-GPU notebook.
+class Interconnect(NamedTuple):
+    """An interconnect for the what-if: all-reduce bus bandwidth, latency per message, and the source."""
+
+    busbw_GBps: float
+    latency_s: float  # an assumed typical order of magnitude, not a measurement
+    source: str  # where busbw_GBps comes from, and what it means
+
+
+# One table. Ethernet rows are line rates: a ring's busbw cannot exceed its slowest link, so these
+# are upper bounds. The GPU rows are measured or modelled all-reduce busbw:
+# nccl-tests issue #212 (8 x H100 over NVLink: about 370 GB/s ring, about 480 GB/s with NVLink
+# SHARP) and NCCL's topology model (24 GB/s for a PCIe Gen4 x16 link). The latencies are typical
+# orders of magnitude, an assumption stated in the multi-GPU notebook.
 INTERCONNECTS = {
-    "1 Gb/s Ethernet": (0.125, 50e-6),
-    "10 Gb/s Ethernet": (1.25, 20e-6),
-    "100 Gb/s Ethernet": (12.5, 10e-6),
-    "PCIe Gen4 x16": (24.0, 5e-6),
-    "NVLink (H100, 8 GPUs)": (400.0, 3e-6),
-    "900 GB/s": (900.0, 3e-6),
+    "1 Gb/s Ethernet": Interconnect(0.125, 50e-6, "line rate, 1 Gb/s = 0.125 GB/s (an upper bound)"),
+    "10 Gb/s Ethernet": Interconnect(1.25, 20e-6, "line rate (an upper bound)"),
+    "100 Gb/s Ethernet": Interconnect(12.5, 10e-6, "line rate (an upper bound)"),
+    "PCIe Gen4 x16": Interconnect(24.0, 5e-6, "NCCL's model of a PCIe Gen4 x16 link"),
+    "NVLink, 8 H100 (ring)": Interconnect(370.0, 3e-6, "nccl-tests issue #212: ring all-reduce, 8 H100"),
+    "NVLink SHARP, 8 H100": Interconnect(480.0, 3e-6, "nccl-tests issue #212: all-reduce with NVLS, 8 H100"),
 }

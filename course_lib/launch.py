@@ -141,7 +141,9 @@ def _validate_backend(backend: str, world_size: int) -> str:
         return backend
     if backend in ("gloo", "mpi"):
         return backend
-    raise ValueError(f"unknown backend {backend!r}: use 'auto', 'gloo' or 'nccl'")
+    raise ValueError(
+        f"unknown backend {backend!r}: use 'auto', 'gloo', 'nccl' or 'mpi' (mpi needs a torch built with MPI)"
+    )
 
 
 _progress_queue = None  # set in each worker: where report_progress() sends its counts

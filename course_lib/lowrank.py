@@ -140,7 +140,11 @@ def relative_error(M: torch.Tensor, P: torch.Tensor, Q: torch.Tensor) -> float:
 
 
 def svd_error(M: torch.Tensor, rank: int) -> float:
-    """The best possible relative error at ``rank`` (Eckart-Young): sqrt(sum_{i>=rank} s_i^2 / sum s_i^2)."""
+    """The best possible relative error at ``rank`` (Eckart-Young).
+
+    ``sqrt(sum_{i>r} s_i^2 / sum_i s_i^2)`` with ``s_1 >= s_2 >= ...``: the energy beyond the first r
+    singular values (``s[rank:]`` below, counting from 0).
+    """
     s = torch.linalg.svdvals(M.double())
     energy = s.square()
     return (energy[rank:].sum() / energy.sum()).sqrt().item()

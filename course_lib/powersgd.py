@@ -114,6 +114,7 @@ class PowerSGDState:
         "total_numel_after_compression",
         "next_stats_report",
         "_keys",
+        "_next_key",
     ]
 
     def __init__(self, process_group=None, matrix_approximation_rank: int = 1, start_powerSGD_iter: int = 1_000,
@@ -157,6 +158,7 @@ class PowerSGDState:
         self.total_numel_after_compression = 0
         self.next_stats_report = 0
         self._keys: dict[int, tuple] = {}
+        self._next_key = 0
 
     # --- keys that follow parameters ------------------------------------------------------------
 
@@ -166,7 +168,10 @@ class PowerSGDState:
         for p in params:
             entry = self._keys.get(id(p))
             if entry is None or entry[0]() is not p:  # unseen, or an id reused by a new object
-                entry = (weakref.ref(p), len(self._keys))
+                # a counter that only grows: a parameter that takes a dead one's id must not take
+                # its key too, nor give its key to the next unseen parameter
+                entry = (weakref.ref(p), self._next_key)
+                self._next_key += 1
                 self._keys[id(p)] = entry
             keys.append(entry[1])
         return keys
@@ -218,7 +223,8 @@ class PowerSGDState:
         self.total_numel_before_compression = state["total_numel_before_compression"]
         self.total_numel_after_compression = state["total_numel_after_compression"]
         self.next_stats_report = state["next_stats_report"]
-        self._keys = {}
+        self._keys = {}  # the new model's parameters take keys 0, 1, ... again, in parameter order
+        self._next_key = 0
 
     def __getstate__(self) -> dict:
         # As torch: the process group cannot be pickled, and is left out.

@@ -63,6 +63,7 @@ class TrainConfig:
     depth: int = 2
     n_in: int = 64
     bucket_cap_mb: float = 25
+    threads: int | None = None  # compute threads of this worker from now on (None: leave them as they are)
     # what is recorded
     eval_every: int = 10
     record_params: bool = False  # the parameters after every step, for comparisons
@@ -76,6 +77,8 @@ class TrainConfig:
         for name in ("steps", "batch_size", "hidden", "depth", "n_in", "eval_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1 or None, got {self.threads}")
 
 
 @dataclass
@@ -86,12 +89,14 @@ class TrainResult:
     bytes: list[int] = field(default_factory=list)  # gradient bytes this rank's hook has sent so far
     step_time_s: list[float] = field(default_factory=list)  # forward, backward, communication, update
     error_norm: list[float] = field(default_factory=list)  # PowerSGD's error-feedback memory, when kept
+    grad_norm: list[float] = field(default_factory=list)  # the gradient the hook delivered (after the all-reduce)
     params: list[torch.Tensor] = field(default_factory=list)  # flat parameters, with record_params
     test_step: list[int] = field(default_factory=list)  # the steps after which the test set was scored
     test_accuracy: list[float] = field(default_factory=list)
     test_loss: list[float] = field(default_factory=list)
     final_params: list[torch.Tensor] = field(default_factory=list)  # one tensor per parameter
     compression_stats: tuple | None = None  # PowerSGDState.compression_stats() at the end
+    threads: int = 0  # the compute threads this worker trained with
 
 
 def make_hook(config: TrainConfig, process_group=None):
@@ -120,6 +125,8 @@ def ddp_train(rank: int, world_size: int, config: TrainConfig) -> TrainResult:
     c = config
     if c.batch_size % world_size:
         raise ValueError(f"batch_size {c.batch_size} must be divisible by world_size {world_size}")
+    if c.threads is not None:
+        torch.set_num_threads(c.threads)
     device = worker_device()
     x_train, y_train, x_test, y_test = (t.to(device) for t in digits_tensors(seed=0))
     if c.n_in != 64:  # wider inputs for benchmarks: the digits, tiled
@@ -142,7 +149,7 @@ def ddp_train(rank: int, world_size: int, config: TrainConfig) -> TrainResult:
 
     model, state, opt = build()
     order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(c.seed)).to(device)
-    out = TrainResult()
+    out = TrainResult(threads=torch.get_num_threads())
     hooks.traffic.reset()
     for step in range(c.steps):
         if step == c.resume_at:
@@ -167,6 +174,8 @@ def ddp_train(rank: int, world_size: int, config: TrainConfig) -> TrainResult:
         dist.all_reduce(avg)
         out.loss.append(avg.item() / world_size)
         out.bytes.append(hooks.traffic.bytes)
+        # (after the timing; step() leaves .grad as the hook delivered it)
+        out.grad_norm.append(sum(p.grad.double().square().sum().item() for p in model.parameters()) ** 0.5)
         errors = getattr(state, "error_dict", None)
         if errors is not None:  # the error-feedback memory (ours per parameter, torch's per bucket)
             out.error_norm.append(sum(e.double().square().sum().item() for e in errors.values()) ** 0.5)
@@ -217,7 +226,7 @@ def _argument_parser() -> argparse.ArgumentParser:
             ap.add_argument(flag, choices=HOOKS, default=f.default)
         elif f.type in (bool, "bool"):
             ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
-        elif f.name == "resume_at":
+        elif f.name in ("resume_at", "threads"):
             ap.add_argument(flag, type=int, default=f.default)
         else:
             ap.add_argument(flag, type=type(f.default), default=f.default)

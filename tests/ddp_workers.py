@@ -17,12 +17,15 @@ from course_lib.train import TrainConfig, ddp_train
 def seed_usages(rank, world_size):
     """The usages from torch's documentation, written exactly so."""
     out = {}
-    for name in ("hook", "wrapper"):
+    usages = {
+        "hook": hooks.bf16_compress_hook,
+        "wrapper": hooks.bf16_compress_wrapper(hooks.allreduce_hook),
+        "fp16_hook": hooks.fp16_compress_hook,
+        "fp16_wrapper": hooks.fp16_compress_wrapper(hooks.allreduce_hook),
+    }
+    for name, hook in usages.items():
         ddp_model = DDP(mlp(seed=0))
-        if name == "hook":
-            ddp_model.register_comm_hook(ddp_model.process_group, hooks.bf16_compress_hook)
-        else:
-            ddp_model.register_comm_hook(ddp_model.process_group, hooks.bf16_compress_wrapper(hooks.allreduce_hook))
+        ddp_model.register_comm_hook(ddp_model.process_group, hook)
         x = torch.full((4, 64), float(rank + 1))
         ddp_model(x).sum().backward()
         out[name] = [p.grad.clone() for p in ddp_model.parameters()]

@@ -39,14 +39,53 @@ def test_fit_recovers_alpha_and_beta():
     assert fb == pytest.approx(beta, rel=0.05)
 
 
-def test_fit_ring_all_reduce_recovers_latency_and_bus_bandwidth():
-    p, alpha, busbw = 4, 20e-6, 5.0
-    sizes = [4096 * 4**k for k in range(9)]
-    rows = [{"size_bytes": n, "time_s": 2 * (p - 1) * alpha + n / (busbw * 1e9)} for n in sizes]
+def _nccl_tests_rows(p, alpha, busbw, sizes):
+    # what nccl-tests would print for a ring: time = 2(p-1) alpha + n / algbw, busbw = algbw * 2(p-1)/p
+    rows = []
+    for n in sizes:
+        algbw = busbw / (2 * (p - 1) / p)
+        rows.append({"size_bytes": n, "time_s": 2 * (p - 1) * alpha + n / (algbw * 1e9)})
+    return rows
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+def test_fit_ring_all_reduce_recovers_latency_and_bus_bandwidth(p):
+    alpha, busbw = 20e-6, 5.0
+    rows = _nccl_tests_rows(p, alpha, busbw, [4096 * 4**k for k in range(9)])
     a, b = cm.fit_ring_all_reduce(rows, p)
     assert a == pytest.approx(alpha, rel=1e-6) and b == pytest.approx(busbw, rel=1e-6)
+    # and the model gives the rows back
+    for r in rows:
+        assert cm.ring_all_reduce_time(r["size_bytes"], p, a, b) == pytest.approx(r["time_s"], rel=1e-6)
+
+
+def test_the_ring_model_agrees_with_the_alpha_beta_formula():
+    # busbw stands for the link's 1/beta: the two statements of the ring's cost are one
+    for p in (2, 3, 4, 8):
+        n, alpha, link_GBps = 64e6, 10e-6, 12.5
+        assert cm.ring_all_reduce_time(n, p, alpha, link_GBps) == pytest.approx(
+            cm.alpha_beta_time("ring_all_reduce", n, p, alpha, 1 / (link_GBps * 1e9)))
+    assert cm.ring_all_reduce_time(1e9, 8, 0, 100.0) == pytest.approx(1.75 * 0.01)  # 2(p-1)/p = 1.75 at 8
+
+
+def test_crossover_is_where_latency_equals_bandwidth():
+    for p in (2, 3, 8):
+        n = cm.ring_crossover_bytes(p, 20e-6, 5.0)
+        assert n == pytest.approx(p * 20e-6 * 5e9)
+        latency = cm.ring_all_reduce_time(0, p, 20e-6, 5.0)
+        assert cm.ring_all_reduce_time(n, p, 20e-6, 5.0) == pytest.approx(2 * latency)
 
 
 def test_predict_step_time():
-    assert cm.predict_step_time(0.01, 1e9, 2, 4, 10.0, 1e-5) == pytest.approx(0.01 + 2 * 6 * 1e-5 + 0.1)
+    # p = 4: per all-reduce 2 * 3 alpha of latency; 1 GB at 10 GB/s busbw, times 2(p-1)/p = 1.5
+    assert cm.predict_step_time(0.01, 1e9, 2, 4, 10.0, 1e-5) == pytest.approx(0.01 + 2 * 6 * 1e-5 + 0.15)
+    assert cm.predict_step_time(0.01, 1e9, 2, 2, 10.0, 1e-5) == pytest.approx(0.01 + 2 * 2 * 1e-5 + 0.1)
+    assert cm.predict_step_time(0.01, 0, 0, 4, 10.0, 1e-5) == pytest.approx(0.01)  # nothing sent
     assert cm.predict_step_time(0.01, 1e9, 2, 1, 10.0, 1e-5) == 0.01
+
+
+def test_every_interconnect_says_where_its_number_comes_from():
+    for name, ic in cm.INTERCONNECTS.items():
+        assert ic.busbw_GBps > 0 and 0 < ic.latency_s < 1e-3 and ic.source
+        if name.endswith("Gb/s Ethernet"):  # a line rate, in GB/s
+            assert ic.busbw_GBps == float(name.split()[0]) / 8

@@ -60,6 +60,10 @@ def test_seed_usages_work_on_gloo_and_wrapper_equals_hook():
     for r in out:
         for a, b in zip(r["hook"], r["wrapper"]):
             assert torch.equal(a, b)
+        for a, b in zip(r["fp16_hook"], r["fp16_wrapper"]):
+            assert torch.equal(a, b)
+        # fp16 keeps more mantissa than bf16: the two really are different casts
+        assert any(not torch.equal(a, b) for a, b in zip(r["hook"], r["fp16_hook"]))
     # both ranks hold the same averaged gradient
     for a, b in zip(out[0]["hook"], out[1]["hook"]):
         assert torch.equal(a, b)

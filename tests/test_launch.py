@@ -305,3 +305,8 @@ def test_worker_whose_report_fails_is_named_with_the_traceback_start_processes_k
     tb = info.value.worker_traceback
     assert "raise Unprintable()" in tb and "cannot be turned into a message" in tb
     assert _no_children_left()
+
+
+def test_an_unknown_backend_names_every_known_one():
+    with pytest.raises(ValueError, match="'auto', 'gloo', 'nccl' or 'mpi'"):
+        launch.spawn(workers.report, 2, "unused", backend="glo")

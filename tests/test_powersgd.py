@@ -139,3 +139,24 @@ def test_the_hook_does_what_error_feedback_step_says():
         torch.testing.assert_close(out["hook_sent"], out["sent"], rtol=1e-5, atol=1e-6, msg=f"rank {rank}")
         torch.testing.assert_close(out["hook_error"], out["error"], rtol=1e-5, atol=1e-6, msg=f"rank {rank}")
         assert out["error"].norm() > 0.01 * out["sent"].norm()  # really compressed: something was left out
+
+
+def test_a_parameter_that_reuses_a_dead_ones_id_gets_a_key_of_its_own():
+    s = powersgd.PowerSGDState(start_powerSGD_iter=2)
+    first = torch.zeros(3)
+    assert s.keys_for([first]) == [0]
+    dead = id(first)
+    del first
+    # CPython reuses the memory, and so the id, of a freed object of the same size
+    keep, reused = [], None
+    for _ in range(10_000):
+        t = torch.zeros(3)
+        if id(t) == dead:
+            reused = t
+            break
+        keep.append(t)
+    assert reused is not None, "no new tensor took the freed tensor's id"
+    other = torch.zeros(4)
+    keys = s.keys_for([reused, other])
+    assert keys == [1, 2]  # neither the dead parameter's key, nor one key for two parameters
+    assert s.keys_for([other, reused]) == [2, 1]  # and they stay

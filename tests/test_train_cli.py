@@ -7,7 +7,7 @@ import pytest
 
 from course_lib import hooks, powersgd
 from course_lib.launch import WorkerError, spawn
-from course_lib.train import TrainConfig, _argument_parser, ddp_train, make_hook
+from course_lib.train import TrainConfig, _argument_parser, ddp_train, make_hook, train_several
 
 
 @pytest.mark.parametrize("hook", ["powersgd", "allreduce"])
@@ -28,6 +28,8 @@ def test_bad_config_and_hook_names():
         TrainConfig(stepz=3)
     with pytest.raises(ValueError, match="steps must be >= 1"):
         TrainConfig(steps=0)
+    with pytest.raises(ValueError, match="threads must be >= 1 or None"):
+        TrainConfig(threads=0)
     # the old dict of options is refused with what to write instead
     with pytest.raises(WorkerError, match="ddp_train takes a TrainConfig"):
         spawn(ddp_train, 1, {"steps": 3}, backend="gloo")
@@ -50,3 +52,9 @@ def test_the_script_explains_itself_without_torchrun():
                           env={"PATH": "/usr/bin:/bin"})
     assert proc.returncode != 0
     assert "torchrun --nproc-per-node N" in proc.stderr
+
+
+def test_threads_sets_the_workers_compute_threads():
+    configs = [TrainConfig(steps=2, eval_every=2, threads=1), TrainConfig(steps=2, eval_every=2, threads=2)]
+    one, two = spawn(train_several, 1, configs, backend="gloo")[0]
+    assert (one.threads, two.threads) == (1, 2)

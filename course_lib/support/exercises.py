@@ -15,9 +15,10 @@ import math
 import traceback
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from course_lib import accumulation, collectives, lowrank, powersgd
+from course_lib import accumulation, collectives, costmodel, lowrank, powersgd
 from course_lib.launch import WorkerError, spawn
 from course_lib.support.digits import digits_tensors, mlp
 
@@ -25,15 +26,29 @@ __all__ = [
     "check",
     "check_distributed",
     "compare",
+    "rank_inputs",
+    "sum_of_squares_expected",
+    "elementwise_max_expected",
+    "check_sum_of_squares",
+    "check_elementwise_max",
     "check_accumulate",
     "check_micro_batch_loss",
+    "check_combine_gradients",
+    "check_count_all_reduces",
     "exercise_inputs",
     "check_reduce_scatter",
     "check_ring_shift",
+    "all_reduce_expected",
+    "check_halving_doubling",
     "check_orthogonalize",
     "check_power_step",
+    "check_smallest_rank",
+    "check_largest_worth_rank",
     "check_should_compress",
     "check_error_feedback_step",
+    "check_numbers_per_step",
+    "check_break_even_bandwidth",
+    "check_all_gather_busbw",
 ]
 
 
@@ -53,6 +68,8 @@ def compare(expected, got, rtol: float = 1e-5, atol: float = 1e-6) -> str | None
     if isinstance(expected, float) or isinstance(got, float):
         if not isinstance(got, (int, float)):
             return f"expected a number, got {type(got).__name__}"
+        if math.isnan(expected) and math.isnan(got):
+            return None  # both say "never"
         if not math.isclose(got, expected, rel_tol=rtol, abs_tol=atol):
             return f"expected {expected:.6g}, got {got:.6g}"
         return None
@@ -166,6 +183,37 @@ def _name(student_fn, default: str) -> str:
     return getattr(student_fn, "__name__", default)
 
 
+# --- notebook 00: setup ---------------------------------------------------------------------------
+
+def rank_inputs(rank: int, world_size: int):
+    """Each rank's input for notebook 00's exercises: ``[rank + 1]`` and a vector drawn from ``rank``."""
+    return (torch.tensor([float(rank + 1)]), torch.randn(5, generator=torch.Generator().manual_seed(rank)))
+
+
+def sum_of_squares_expected(one: torch.Tensor, _vector: torch.Tensor) -> torch.Tensor:
+    """The answer computed without communication: 1^2 + 2^2 + ... + p^2."""
+    p = dist.get_world_size()
+    return one.new_tensor([float(sum((r + 1) ** 2 for r in range(p)))])
+
+
+def elementwise_max_expected(_one: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
+    """The answer computed without communication: every rank's vector drawn again, and the largest kept."""
+    p = dist.get_world_size()
+    return torch.stack([torch.randn(5, generator=torch.Generator().manual_seed(r)) for r in range(p)]).amax(0)
+
+
+def check_sum_of_squares(student_fn) -> bool:
+    """``student_fn(one, vector)`` in a ``.py`` file: every rank returns the sum over ranks of ``one ** 2``."""
+    return check_distributed(student_fn, sum_of_squares_expected, rank_inputs, world_sizes=(2, 3, 4),
+                             name=_name(student_fn, "sum_of_squares"))
+
+
+def check_elementwise_max(student_fn) -> bool:
+    """``student_fn(one, vector)`` in a ``.py`` file: every rank returns the elementwise maximum of ``vector``."""
+    return check_distributed(student_fn, elementwise_max_expected, rank_inputs, world_sizes=(2, 3),
+                             name=_name(student_fn, "elementwise_max"))
+
+
 # --- notebook 01: gradient accumulation ------------------------------------------------------------
 
 def _grads_after(accumulate_fn, sizes) -> list[torch.Tensor]:
@@ -193,6 +241,45 @@ def check_micro_batch_loss(student_fn) -> bool:
     return check(student_fn, accumulation.micro_batch_loss, cases, name=_name(student_fn, "micro_batch_loss"))
 
 
+def _micro_batch_gradients(sizes):
+    x_train, y_train, _, _ = digits_tensors()
+    model = mlp(seed=2)
+    grads, start = [], 0
+    for n in sizes:
+        model.zero_grad()
+        nn.functional.cross_entropy(model(x_train[start : start + n]), y_train[start : start + n]).backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+        start += n
+    model.zero_grad()  # the reference, another way: autograd on the whole batch at once
+    nn.functional.cross_entropy(model(x_train[:start]), y_train[:start]).backward()
+    return grads, [p.grad.clone() for p in model.parameters()]
+
+
+def check_combine_gradients(student_fn) -> bool:
+    """``student_fn(grads, sizes)``: the whole batch's gradient from each micro-batch's *mean-loss* gradient.
+
+    ``grads[i]`` is the list of parameter gradients of micro-batch i (of ``sizes[i]`` examples);
+    the answer is checked against autograd on the whole batch.
+    """
+    cases = []
+    for sizes in ([16, 16, 16], [30, 10, 5, 3], [1, 47]):
+        grads, _ = _micro_batch_gradients(sizes)
+        cases.append((grads, list(sizes)))
+    return check(student_fn, lambda grads, sizes: _micro_batch_gradients(sizes)[1], cases,
+                 name=_name(student_fn, "combine_gradients"), rtol=1e-5, atol=1e-6)
+
+
+def _all_reduces(steps: int, k: int, buckets: int, no_sync: bool) -> int:
+    return steps * buckets * (1 if no_sync else k)
+
+
+def check_count_all_reduces(student_fn) -> bool:
+    """``student_fn(steps, k, buckets, no_sync)``: the all-reduces DDP issues for ``steps`` steps of
+    ``k`` micro-batches each, when the gradients fill ``buckets`` buckets."""
+    cases = [(5, 4, 1, False), (5, 4, 1, True), (10, 8, 3, False), (10, 8, 3, True), (1, 1, 2, True)]
+    return check(student_fn, _all_reduces, cases, name=_name(student_fn, "count_all_reduces"))
+
+
 # --- notebook 02: collectives ----------------------------------------------------------------------
 
 def exercise_inputs(rank: int, world_size: int):
@@ -212,6 +299,20 @@ def check_ring_shift(student_fn) -> bool:
     return check_distributed(student_fn, collectives.ring_shift, exercise_inputs, name=_name(student_fn, "ring_shift"))
 
 
+def all_reduce_expected(tensor: torch.Tensor) -> torch.Tensor:
+    """torch.distributed's own all-reduce (sum), on a copy: the reference for a student's all-reduce."""
+    out = tensor.clone()
+    dist.all_reduce(out)
+    return out
+
+
+def check_halving_doubling(student_fn) -> bool:
+    """``student_fn(tensor)`` in a ``.py`` file: a recursive halving-doubling all-reduce (sum) for
+    power-of-two world sizes; checked against ``dist.all_reduce`` on 2 and 4 ranks."""
+    return check_distributed(student_fn, all_reduce_expected, exercise_inputs, world_sizes=(2, 4),
+                             name=_name(student_fn, "halving_doubling_all_reduce"))
+
+
 # --- notebook 03: power iteration ------------------------------------------------------------------
 
 def _random_matrices(shapes):
@@ -225,13 +326,46 @@ def check_orthogonalize(student_fn) -> bool:
     zero = torch.randn(8, 3, generator=torch.Generator().manual_seed(1))
     zero[:, 1] = 0
     cases.append((zero,))
-    return check(student_fn, lowrank.orthogonalize_, cases, name=_name(student_fn, "orthogonalize"))
+
+    def in_place(fn):  # what counts is the tensor after the call, whatever the function returns
+        return lambda m: (fn(m), m)[1]
+
+    return check(in_place(student_fn), in_place(lowrank.orthogonalize_), cases, name=_name(student_fn, "orthogonalize"))
 
 
 def check_power_step(student_fn) -> bool:
     """``student_fn(M, Q)`` returns ``(P, Q_new)``: one step of subspace iteration, as ``lowrank.power_step``."""
     cases = [tuple(_random_matrices([(30, 20), (20, 2)])), tuple(_random_matrices([(16, 40), (40, 3)]))]
     return check(student_fn, lowrank.power_step, cases, name=_name(student_fn, "power_step"), rtol=1e-4, atol=1e-5)
+
+
+def _smallest_rank(M: torch.Tensor, max_error: float) -> int:
+    return next(r for r in range(1, min(M.shape) + 1) if lowrank.svd_error(M, r) <= max_error)
+
+
+def check_smallest_rank(student_fn) -> bool:
+    """``student_fn(M, max_error)``: the smallest rank r whose *best* rank-r approximation has relative
+    error at most ``max_error``."""
+    g = torch.Generator().manual_seed(3)
+    u, v = torch.linalg.qr(torch.randn(40, 40, generator=g, dtype=torch.float64))[0], \
+        torch.linalg.qr(torch.randn(30, 30, generator=g, dtype=torch.float64))[0]
+    s = torch.tensor([2.0 ** -i for i in range(30)], dtype=torch.float64)
+    decaying = u[:, :30] @ torch.diag(s) @ v.T
+    flat = torch.randn(40, 30, generator=g, dtype=torch.float64)
+    cases = [(decaying, 0.5), (decaying, 0.1), (decaying, 1e-3), (flat, 0.5), (flat, 0.9)]
+    return check(student_fn, _smallest_rank, cases, name=_name(student_fn, "smallest_rank"))
+
+
+def _largest_worth_rank(n: int, m: int, min_compression_rate: float) -> int:
+    return max([r for r in range(1, min(n, m) + 1) if lowrank.compression_ratio(n, m, r) > min_compression_rate],
+               default=0)
+
+
+def check_largest_worth_rank(student_fn) -> bool:
+    """``student_fn(n, m, min_compression_rate)``: the largest rank at which sending P and Q is more
+    than ``min_compression_rate`` times fewer numbers than M (0 if none)."""
+    cases = [(512, 512, 2), (1024, 64, 2), (64, 10, 2), (100, 100, 2), (10, 10, 8), (4096, 4096, 100)]
+    return check(student_fn, _largest_worth_rank, cases, name=_name(student_fn, "largest_worth_rank"))
 
 
 # --- notebook 04: PowerSGD -------------------------------------------------------------------------
@@ -253,3 +387,62 @@ def check_error_feedback_step(student_fn) -> bool:
     cases = [(torch.randn(6, 5, generator=torch.Generator().manual_seed(s)),
               torch.randn(6, 5, generator=torch.Generator().manual_seed(s + 10)) * 0.1, _rank1) for s in range(3)]
     return check(student_fn, powersgd.error_feedback_step, cases, name=_name(student_fn, "error_feedback_step"))
+
+
+def _numbers_per_step(shapes, r: int, min_compression_rate: float) -> int:
+    total = 0
+    for shape in shapes:
+        n, m = shape[0], math.prod(shape[1:])
+        worth, before, after = powersgd.should_compress(n, m, min(n, m, r), min_compression_rate) if len(shape) > 1 \
+            else (False, n, n)
+        total += after if worth else before
+    return total
+
+
+def check_numbers_per_step(student_fn) -> bool:
+    """``student_fn(shapes, r, min_compression_rate)``: the numbers PowerSGD sends per compressed step
+    for parameters of these shapes (biases and matrices not worth compressing go as they are)."""
+    mlp512 = [(512, 64), (512,), (512, 512), (512,), (10, 512), (10,)]
+    cases = [(mlp512, 2, 2), (mlp512, 1, 2), (mlp512, 64, 2), ([(16, 3, 3, 3), (16,)], 1, 2), ([(4, 4)], 1, 1)]
+    return check(student_fn, _numbers_per_step, cases, name=_name(student_fn, "numbers_per_step"))
+
+
+# --- notebook 05: multi-GPU ------------------------------------------------------------------------
+
+def _break_even_busbw(hook: dict, reference: dict, world_size: int, alpha_s: float) -> float:
+    """Bisection on the cost model's predictions, in log space: where hook and reference take equally long."""
+    def gap(busbw):
+        t = costmodel.predict_step_time
+        return (t(hook["compute_s"], hook["bytes"], hook["collectives"], world_size, busbw, alpha_s)
+                - t(reference["compute_s"], reference["bytes"], reference["collectives"], world_size, busbw, alpha_s))
+
+    low, high = 1e-6, 1e6
+    if gap(low) * gap(high) > 0:
+        return float("nan")
+    for _ in range(200):
+        mid = math.sqrt(low * high)
+        low, high = (mid, high) if gap(low) * gap(mid) > 0 else (low, mid)
+    return math.sqrt(low * high)
+
+
+def check_break_even_bandwidth(student_fn) -> bool:
+    """``student_fn(hook, reference, world_size, alpha_s)``: the bus bandwidth (GB/s) at which the two
+    predicted step times are equal (``nan`` if never), each a dict of compute_s, bytes, collectives."""
+    allreduce = {"compute_s": 0.010, "bytes": 6_400_000, "collectives": 1}
+    psgd = {"compute_s": 0.016, "bytes": 80_000, "collectives": 2}
+    fp16 = {"compute_s": 0.011, "bytes": 3_200_000, "collectives": 1}
+    cases = [(psgd, allreduce, 2, 10e-6), (psgd, allreduce, 8, 10e-6), (fp16, allreduce, 4, 20e-6),
+             (allreduce, allreduce | {"compute_s": 0.02}, 2, 10e-6)]
+    return check(student_fn, _break_even_busbw, cases, name=_name(student_fn, "break_even_bandwidth"),
+                 rtol=1e-4, atol=0)
+
+
+def _all_gather_busbw(size_bytes: int, time_s: float, world_size: int) -> float:
+    return size_bytes / time_s / 1e9 * costmodel.bus_factor("all_gather", world_size)
+
+
+def check_all_gather_busbw(student_fn) -> bool:
+    """``student_fn(size_bytes, time_s, world_size)``: nccl-tests' busbw (GB/s) of an all-gather that
+    moved ``size_bytes`` (the whole gathered buffer) in ``time_s``."""
+    cases = [(2**30, 0.5, 2), (2**30, 0.5, 8), (64 * 2**20, 1e-3, 4), (4096, 1e-5, 1)]
+    return check(student_fn, _all_gather_busbw, cases, name=_name(student_fn, "all_gather_busbw"))

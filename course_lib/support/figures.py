@@ -89,7 +89,9 @@ def bucket_hook_future():
     _arrow(ax, (8.6, 2.9), (9.3, 2.9), "returns")
     _arrow(ax, (10.5, 2.5), (7.5, 1.3))
     _arrow(ax, (8.6, 0.85), (9.3, 0.85))
-    ax.text(6.0, 1.75, "communication of bucket 0 overlaps the backward pass of bucket 1", fontsize=7, style="italic")
+    ax.text(0.1, 1.65, "a hook that returns at once (all-reduce, fp16) lets bucket 0's communication overlap the\n"
+            "backward pass of bucket 1; the course's PowerSGD hook waits for its all-reduces, so it does not",
+            fontsize=7, style="italic", va="center")
     fig.tight_layout()
     return fig
 
