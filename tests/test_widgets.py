@@ -64,3 +64,12 @@ def test_bandwidth_slider_changes_predictions():
     assert w.text.value != before
     fast = w.predictions()
     assert fast["PowerSGD r=2"] > fast["all-reduce"]  # a fast link: its computation costs more
+
+
+def test_the_curve_is_the_svd_optimum_at_every_rank():
+    m = _matrices()
+    w = rank_explorer(m, rank=2)
+    ranks, best = w._svd_curve("low")
+    assert ranks == list(range(1, 31))
+    for r in (1, 2, 3, 10):
+        assert abs(best[r - 1] - lowrank.svd_error(m["low"].double(), r)) < 1e-12

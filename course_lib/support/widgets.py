@@ -35,11 +35,11 @@ def hopper_gray() -> torch.Tensor:
 
 
 def default_matrices(seed: int = 0) -> dict[str, torch.Tensor]:
-    """A real gradient (the digits MLP's 256 x 256 hidden layer after 20 steps), a random matrix
-    of the same shape, and the grey photograph."""
-    grad = gradient_snapshots(20, seed=seed)[-1]["2.weight"]
+    """The matrices notebook 03 talks about: its real gradient (the digits MLP's 256 x 256 hidden
+    layer at step 40), its random matrix of the same shape, and the grey photograph."""
+    grad = gradient_snapshots(40, seed=seed)[-1]["2.weight"]
     return {
-        "gradient of a hidden layer (256 x 256)": grad,
+        "gradient of a hidden layer, step 40 (256 x 256)": grad,
         "random Gaussian matrix (256 x 256)": torch.randn(256, 256, generator=torch.Generator().manual_seed(seed)),
         "grace_hopper.jpg in grey (600 x 512)": hopper_gray(),
     }
@@ -56,6 +56,7 @@ class RankExplorer(widgets.VBox):
             raise ValueError("rank_explorer needs at least one matrix")
         self.matrices = {name: m.double() for name, m in matrices.items()}
         self.iters, self.seed, self.max_rank = iters, seed, max_rank
+        self._curves: dict[str, tuple] = {}
         first = next(iter(self.matrices))
         self.rank = widgets.IntSlider(value=rank, min=1, max=self._limit(first), description="rank",
                                       continuous_update=False)
@@ -96,17 +97,35 @@ class RankExplorer(widgets.VBox):
             f"compression {s['compression']:.1f}x"
         )
         M = self.matrices[self.matrix.value]
-        fig, axes = plt.subplots(1, 2, figsize=(8, 3.6))
+        fig, axes = plt.subplots(1, 3, figsize=(12, 3.6), width_ratios=[1, 1, 1.3])
         panels = [(axes[0], M, "original"), (axes[1], s["reconstruction"], f"P Q^T, rank {s['rank']}")]
         grey = "grey" in self.matrix.value
-        v = M.abs().max().item()
+        # Signed matrices in red and blue, white at zero, saturated at the 90th percentile of |M|: a
+        # gradient's few large entries would otherwise leave the rest of the picture white.
+        v = torch.quantile(M.abs().flatten()[:: max(1, M.numel() // 100_000)], 0.9).item() or 1.0
         for ax, img, title in panels:
-            # a photograph in grey; signed matrices in red and blue, white at zero
             ax.imshow(img.numpy(), cmap="gray" if grey else "RdBu_r", vmin=None if grey else -v,
                       vmax=None if grey else v)
             ax.set_title(title)
             ax.axis("off")
+        # the best error at every rank, and where this rank and power iteration stand on it
+        ranks, best = self._svd_curve(self.matrix.value)
+        ax = axes[2]
+        ax.plot(ranks, best, color="grey", label="SVD optimum")
+        ax.axvline(s["rank"], color="black", lw=0.8)
+        ax.plot([s["rank"]], [s["relative error"]], "o", color="tab:red", label=f"power iteration ({self.iters} it.)")
+        ax.set(xlabel="rank r", ylabel="relative error", title="Error against rank", ylim=(0, 1.05))
+        ax.legend(fontsize=8)
         self.plot.value = _png(fig)
+
+    def _svd_curve(self, name: str):
+        if name not in self._curves:  # one SVD per matrix, however often the slider moves
+            energy = torch.linalg.svdvals(self.matrices[name]).square()
+            left = energy.flip(0).cumsum(0).flip(0)  # left[r] = the energy beyond the first r values
+            ranks = list(range(1, self._limit(name) + 1))
+            self._curves[name] = (ranks, [(left[r] / left[0]).sqrt().item() if r < len(left) else 0.0
+                                          for r in ranks])
+        return self._curves[name]
 
 
 def rank_explorer(matrices: dict[str, torch.Tensor] | None = None, rank: int = 4, max_rank: int = 64,
