@@ -450,9 +450,9 @@ def batched_powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torc
 
     total = buffer.numel()
     side = math.ceil(math.sqrt(total))
-    rank = min(side, state.matrix_approximation_rank)
+    matrix_approximation_rank = min(side, state.matrix_approximation_rank)
     state.total_numel_before_compression += total
-    state.total_numel_after_compression += 2 * side * rank
+    state.total_numel_after_compression += 2 * side * matrix_approximation_rank
     state._report(bucket)
     if state.use_error_feedback:
         add_error_feedback(state, keys, bucket.gradients())
@@ -464,7 +464,7 @@ def batched_powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torc
     layout = tuple(keys)
     q = state.q_memory_dict.get(layout) if state.warm_start else None
     if q is None:
-        q = _fresh_q(state, [(side, rank)], buffer.dtype, buffer.device)[0]
+        q = _fresh_q(state, [(side, matrix_approximation_rank)], buffer.dtype, buffer.device)[0]
     orthogonalize_(q, state.orthogonalization_epsilon)
     p = power_step_p(matrix, q)
     hooks.all_reduce_counted(p, group)
