@@ -18,8 +18,11 @@ import argparse
 import dataclasses
 import io
 import logging
+import os
+import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -28,11 +31,11 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_p
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib import hooks, powersgd
-from course_lib.launch import init_from_env, report_progress, worker_device
+from course_lib.launch import WorkerError, init_from_env, report_progress, spawn, worker_device
 from course_lib.support.digits import batch_slice, digits_tensors, mlp
 
-__all__ = ["HOOKS", "TrainConfig", "TrainResult", "make_hook", "ddp_train", "train_several", "bucket_layouts",
-           "main"]
+__all__ = ["HOOKS", "TrainConfig", "TrainResult", "make_hook", "ddp_train", "train_several", "Outcome",
+           "try_training", "bucket_layouts", "main"]
 
 HOOKS = ("allreduce", "fp16", "bf16", "powersgd", "batched_powersgd", "torch_powersgd", "torch_batched_powersgd",
          "noop")
@@ -198,6 +201,50 @@ def train_several(rank: int, world_size: int, configs: list[TrainConfig]) -> lis
     """Worker: :func:`ddp_train` once per config, one after another in the same processes
     (starting processes costs seconds; a notebook experiment starts them once)."""
     return [ddp_train(rank, world_size, c) for c in configs]
+
+
+class Outcome(NamedTuple):
+    """How a run of :func:`try_training` ended: ``kind`` is ``"finished"``, ``"raised <ExceptionType>"``
+    (a worker raised), ``"crashed"`` (a worker process died) or ``"hung"`` (killed at the timeout)."""
+
+    kind: str
+    seconds: float
+    detail: str
+
+
+def _ddp_train_quietly(rank: int, world_size: int, config: TrainConfig, stderr_dir: str) -> TrainResult:
+    # What a worker's C++ code writes before aborting goes to fd 2, which Jupyter shows in the cell
+    # that started it; here it goes to a file that try_training reads.
+    fd = os.open(os.path.join(stderr_dir, f"rank{rank}.txt"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return ddp_train(rank, world_size, config)
+
+
+def try_training(config: TrainConfig, world_size: int = 2, timeout_s: float = 10.0) -> Outcome:
+    """Train ``config`` on ``world_size`` gloo processes and say how it ended, instead of raising.
+
+    For hooks that may crash or hang (torch's PowerSGD hooks with several buckets): a hang is cut
+    off after ``timeout_s`` seconds and reported as ``"hung"``; what a crashed worker wrote to its
+    stderr before dying ends up in ``detail``.
+    """
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory() as stderr_dir:
+        try:
+            spawn(_ddp_train_quietly, world_size, config, stderr_dir, backend="gloo", timeout_s=timeout_s)
+            kind, detail = "finished", ""
+        except TimeoutError as e:
+            kind, detail = "hung", str(e).split(";")[0]
+        except WorkerError as e:
+            kind = "crashed" if e.exc_type == "ProcessExited" else f"raised {e.exc_type}"
+            frames = [ln.strip() for ln in e.worker_traceback.splitlines() if ln.strip().startswith("File ")]
+            where = f" ({frames[-1].rsplit(', ', 1)[-1]})" if frames else ""
+            detail = f"rank {e.rank}{where}: {e.message}".rstrip(": ")
+            if kind == "crashed":
+                with open(os.path.join(stderr_dir, f"rank{e.rank}.txt"), errors="replace") as fh:
+                    last = [ln.strip() for ln in fh if ln.strip()][-1:]
+                detail = f"rank {e.rank} died" + (f"; its stderr: {last[0]}" if last else "")
+    return Outcome(kind, time.monotonic() - start, detail)
 
 
 def bucket_layouts(rank: int, world_size: int, hidden: int = 512, bucket_cap_mb: float = 1.0,

@@ -8,7 +8,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_p
 
 from course_lib import powersgd
 from course_lib.launch import WorkerError, spawn
-from course_lib.train import TrainConfig, ddp_train, train_several
+from course_lib.train import TrainConfig, ddp_train, train_several, try_training
 from tests import ddp_workers as W
 
 
@@ -160,3 +160,26 @@ def test_a_parameter_that_reuses_a_dead_ones_id_gets_a_key_of_its_own():
     keys = s.keys_for([reused, other])
     assert keys == [1, 2]  # neither the dead parameter's key, nor one key for two parameters
     assert s.keys_for([other, reused]) == [2, 1]  # and they stay
+
+
+def test_try_training_says_how_torchs_hooks_end_with_many_buckets():
+    # what notebook 04 runs: with eight buckets torch's layer-wise hook pairs up different
+    # collectives on the two ranks (a gloo abort or a hang), its batched hook raises in _orthogonalize
+    tiny = TrainConfig(hidden=256, depth=2, lr=0.05, steps=10, start_powerSGD_iter=3, bucket_cap_mb=0.05,
+                       eval_every=1000)
+    ours = try_training(replace(tiny, hook="powersgd"), timeout_s=60)
+    assert ours.kind == "finished" and ours.detail == ""
+    batched = try_training(replace(tiny, hook="torch_batched_powersgd"), timeout_s=60)
+    assert batched.kind == "raised AssertionError" and "_orthogonalize" in batched.detail
+    layerwise = try_training(replace(tiny, hook="torch_powersgd"), timeout_s=10)
+    assert layerwise.kind in ("crashed", "hung"), layerwise
+    if layerwise.kind == "crashed":
+        assert "collective mismatch" in layerwise.detail, layerwise.detail
+    else:
+        assert 10 <= layerwise.seconds < 20
+
+
+def test_try_training_reports_a_workers_exception():
+    # start_powerSGD_iter=1 with error feedback is refused in PowerSGDState, inside the workers
+    outcome = try_training(TrainConfig(hook="powersgd", start_powerSGD_iter=1, steps=2), timeout_s=60)
+    assert outcome.kind == "raised ValueError" and "start_powerSGD_iter" in outcome.detail
