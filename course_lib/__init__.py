@@ -7,13 +7,15 @@ What a student learns, in the order the notebooks use it:
 * ``accumulation`` (01): what ``backward``, ``step`` and ``zero_grad`` do; gradient accumulation,
   and ``no_sync`` under DDP;
 * ``collectives`` (02): broadcast, reduce and all-reduce built on ``send`` and ``recv``;
-* ``costmodel`` (02, 05): the alpha-beta cost of each collective, bus bandwidth, fits, step-time
+* ``data_parallel`` (03): data parallelism from scratch: per-parameter, overlapped and bucketed
+  all-reduce of the gradients, the same gradients as torch's DDP;
+* ``costmodel`` (02, 07): the alpha-beta cost of each collective, bus bandwidth, fits, step-time
   predictions, typical interconnects; arithmetic only;
-* ``bandwidth`` (02, 05): measuring collectives in worker processes, as nccl-tests does;
-* ``lowrank`` (03): power iteration against the SVD, and the power step PowerSGD is built on;
-* ``hooks`` (01, 04): DDP communication hooks (all-reduce, fp16, bf16), every byte counted;
-* ``powersgd`` (04): the PowerSGD hook with error feedback, a drop-in for torch's;
-* ``train`` (04, 05): data-parallel training on the digits, in notebooks and under ``torchrun``:
+* ``bandwidth`` (02, 07): measuring collectives in worker processes, as nccl-tests does;
+* ``lowrank`` (04): power iteration against the SVD, and the power step PowerSGD is built on;
+* ``hooks`` (01, 03, 05): DDP communication hooks (all-reduce, fp16, bf16), every byte counted;
+* ``powersgd`` (05): the PowerSGD hook with error feedback, a drop-in for torch's;
+* ``train`` (03, 05, 07): data-parallel training on the digits, in notebooks and under ``torchrun``:
   ``TrainConfig`` in, ``TrainResult`` out.
 
 The course's own support, in ``support``: none of it is an algorithm.

@@ -1,19 +1,26 @@
-"""Notebook 05: when does compression pay?"""
+"""Notebook 05: PowerSGD."""
 
 import math
 
 
-def my_break_even_bandwidth(hook, reference, world_size, alpha_s):
-    # step = compute + c * 2(p-1) alpha + 2(p-1)/p * bytes / (busbw * 1e9): equal when
-    # (difference in compute and latency) = 2(p-1)/p * (difference in bytes) / (busbw * 1e9)
-    factor = 2 * (world_size - 1) / world_size
-    fixed = (hook["compute_s"] - reference["compute_s"]
-             + (hook["collectives"] - reference["collectives"]) * 2 * (world_size - 1) * alpha_s)
-    extra_bytes = reference["bytes"] - hook["bytes"]
-    if fixed == 0 or extra_bytes == 0 or (fixed > 0) != (extra_bytes > 0):
-        return math.nan
-    return factor * extra_bytes / fixed / 1e9
+def my_should_compress(n, m, r, min_compression_rate):
+    return (n + m) * r * min_compression_rate < n * m
 
 
-def my_all_gather_busbw(size_bytes, time_s, world_size):
-    return size_bytes / time_s / 1e9 * (world_size - 1) / world_size
+def my_error_feedback_step(grad, error, compress):
+    corrected = grad + error
+    sent = compress(corrected)
+    return sent, corrected - sent
+
+
+def my_numbers_per_step(shapes, r, min_compression_rate):
+    total = 0
+    for shape in shapes:
+        if len(shape) == 1:  # a bias: sent as it is
+            total += shape[0]
+            continue
+        n, m = shape[0], math.prod(shape[1:])  # a matrix: rows x everything else
+        rank = min(n, m, r)
+        compressed = (n + m) * rank
+        total += compressed if compressed * min_compression_rate < n * m else n * m
+    return total

@@ -39,7 +39,7 @@ def test_sweep_worker_on_gloo():
 
 def test_the_ring_fit_on_measured_gloo_rows_at_world_3():
     # The exact check of the fit (busbw, not algbw, at p = 2, 3, 4, 8) is in test_costmodel.py, on
-    # rows made from nccl-tests' definitions. Here: real rows from 3 gloo processes, as notebook 05
+    # rows made from nccl-tests' definitions. Here: real rows from 3 gloo processes, as notebook 07
     # fits them. Three processes on a small machine are noisy (the largest size's busbw varied by
     # 1.5x between runs, the fitted busbw by 2x), so the bound is loose: the fitted model must
     # describe the large measurements.

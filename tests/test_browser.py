@@ -3,7 +3,7 @@
 Starts JupyterLab headless on a free localhost port (empty token) over a *copy* of notebooks/ and
 img/ (running them must not rewrite the committed notebooks), drives Debian's chromium with
 Playwright, runs all cells of each notebook and checks that no cell ends in an error. In notebook
-03 it moves the rank slider with the keyboard and checks that the numbers shown change.
+04 it moves the rank slider with the keyboard and checks that the numbers shown change.
 Screenshots go to screenshots/ (git-ignored) for a reviewer to look at.
 
 Skipped, with the reason shown by ``pytest -rs``, when chromium or Playwright is missing.
@@ -182,9 +182,9 @@ def test_notebook_runs_in_jupyterlab_without_errors(lab, browser, name):
         shown = page.evaluate(PICTURES)
         diagrams = (ROOT / "notebooks" / name).read_text().count("../img/")
         assert len(shown) > diagrams and all(shown), f"{name}: {len(shown)} pictures, decoded: {shown}"
-        if name.startswith("03_"):
+        if name.startswith("04_"):
             _move_rank_slider(page)
-        if name.startswith("05_"):
+        if name.startswith("07_"):
             _move_bandwidth_slider(page)
     finally:
         # as a student closing the notebook: its kernel and any workers go away
@@ -217,29 +217,29 @@ def _explorer(page, label, marker, shot):
 
 
 def _move_rank_slider(page):
-    slider, text, picture = _explorer(page, "rank", "relative error", "03_rank_slider")
+    slider, text, picture = _explorer(page, "rank", "relative error", "04_rank_slider")
     before, src = text.inner_text(), picture.get_attribute("src")
     _press(page, slider, "ArrowRight", 3)
     # 4 (the stored state) + three steps to the right; the kernel recomputes and redraws
     page.wait_for_function("el => el.innerText.startsWith('rank 7:')", arg=text.element_handle(), timeout=60_000)
     _wait_changed(page, picture, "src", src)
     after, src = text.inner_text(), picture.get_attribute("src")
-    page.screenshot(path=str(SHOTS / "03_rank_slider.after.png"))
+    page.screenshot(path=str(SHOTS / "04_rank_slider.after.png"))
     assert before.startswith("rank 4:") and "relative error" in after and after != before
     # the matrix menu: the photograph has other numbers, and another picture, at the same rank
     page.locator(".widget-dropdown select").first.select_option(label="grace_hopper.jpg in grey (600 x 512)")
     _wait_changed(page, text, "innerText", after)
     _wait_changed(page, picture, "src", src)
-    page.screenshot(path=str(SHOTS / "03_matrix_menu.after.png"))
+    page.screenshot(path=str(SHOTS / "04_matrix_menu.after.png"))
     assert text.inner_text().startswith("rank 7:")
 
 
 def _move_bandwidth_slider(page):
-    slider, text, picture = _explorer(page, "GB/s", "bus bandwidth", "05_bandwidth_slider")
+    slider, text, picture = _explorer(page, "GB/s", "bus bandwidth", "07_bandwidth_slider")
     before, src = text.inner_text(), picture.get_attribute("src")
     _press(page, slider, "ArrowRight", 4)  # up the log scale, 0.05 a step
     _wait_changed(page, text, "innerText", before)
     _wait_changed(page, picture, "src", src)
-    page.screenshot(path=str(SHOTS / "05_bandwidth_slider.after.png"))
+    page.screenshot(path=str(SHOTS / "07_bandwidth_slider.after.png"))
     gbps = [float(re.search(r"bus bandwidth ([\d.]+) GB/s", t).group(1)) for t in (before, text.inner_text())]
     assert gbps[0] == 1.25 and gbps[1] > 1.25, gbps

@@ -4,7 +4,7 @@ pushovers: the unsolved stub is refused."""
 import pytest
 
 from course_lib.support import exercises as ex
-from solutions import nb00, nb01, nb02, nb03, nb04, nb05
+from solutions import nb00, nb01, nb02, nb04, nb05, nb07
 
 ANSWERS = [
     (ex.check_sum_of_squares, nb00.sum_of_squares),
@@ -16,15 +16,15 @@ ANSWERS = [
     (ex.check_reduce_scatter, nb02.reduce_scatter),
     (ex.check_ring_shift, nb02.ring_shift),
     (ex.check_halving_doubling, nb02.halving_doubling_all_reduce),
-    (ex.check_orthogonalize, nb03.my_orthogonalize),
-    (ex.check_power_step, nb03.my_power_step),
-    (ex.check_smallest_rank, nb03.my_smallest_rank),
-    (ex.check_largest_worth_rank, nb03.my_largest_worth_rank),
-    (ex.check_should_compress, nb04.my_should_compress),
-    (ex.check_error_feedback_step, nb04.my_error_feedback_step),
-    (ex.check_numbers_per_step, nb04.my_numbers_per_step),
-    (ex.check_break_even_bandwidth, nb05.my_break_even_bandwidth),
-    (ex.check_all_gather_busbw, nb05.my_all_gather_busbw),
+    (ex.check_orthogonalize, nb04.my_orthogonalize),
+    (ex.check_power_step, nb04.my_power_step),
+    (ex.check_smallest_rank, nb04.my_smallest_rank),
+    (ex.check_largest_worth_rank, nb04.my_largest_worth_rank),
+    (ex.check_should_compress, nb05.my_should_compress),
+    (ex.check_error_feedback_step, nb05.my_error_feedback_step),
+    (ex.check_numbers_per_step, nb05.my_numbers_per_step),
+    (ex.check_break_even_bandwidth, nb07.my_break_even_bandwidth),
+    (ex.check_all_gather_busbw, nb07.my_all_gather_busbw),
 ]
 
 

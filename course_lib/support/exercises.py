@@ -308,7 +308,7 @@ def check_halving_doubling(student_fn) -> bool:
                              name=_name(student_fn, "halving_doubling_all_reduce"))
 
 
-# --- notebook 03: power iteration ------------------------------------------------------------------
+# --- notebook 04: power iteration ------------------------------------------------------------------
 
 def _random_matrices(shapes):
     g = torch.Generator().manual_seed(0)
@@ -363,7 +363,7 @@ def check_largest_worth_rank(student_fn) -> bool:
     return check(student_fn, _largest_worth_rank, cases, name=_name(student_fn, "largest_worth_rank"))
 
 
-# --- notebook 04: PowerSGD -------------------------------------------------------------------------
+# --- notebook 05: PowerSGD -------------------------------------------------------------------------
 
 def check_should_compress(student_fn) -> bool:
     """``student_fn(n, m, r, min_compression_rate)`` is True when PowerSGD compresses an n x m matrix."""
@@ -402,7 +402,7 @@ def check_numbers_per_step(student_fn) -> bool:
     return check(student_fn, _numbers_per_step, cases, name=_name(student_fn, "numbers_per_step"))
 
 
-# --- notebook 05: multi-GPU ------------------------------------------------------------------------
+# --- notebook 07: multi-GPU ------------------------------------------------------------------------
 
 def _break_even_busbw(hook: dict, reference: dict, world_size: int, alpha_s: float) -> float:
     """Bisection on the cost model's predictions, in log space: where hook and reference take equally long."""

@@ -1,0 +1,225 @@
+"""Data parallelism from scratch: three ways to average the gradients over the ranks.
+
+Every rank holds the whole model and takes its own slice of each batch; after ``loss.backward()``
+the ranks average their gradients, so that every rank takes the same optimizer step. The three
+wrappers below do that average, from the simplest to what ``DistributedDataParallel`` does:
+
+* :class:`DataParallelNaive`: after backward, one blocking all-reduce per parameter;
+* :class:`DataParallelOverlap`: each parameter's all-reduce starts (asynchronously) the moment its
+  gradient is ready, while backward goes on with the layers below;
+* :class:`DataParallelBucket`: gradients are packed into flat buckets in the order they become
+  ready, and each bucket is all-reduced as soon as it is full: fewer, larger messages, still
+  overlapped with backward.
+
+Each is an ``nn.Module`` whose ``forward`` is the wrapped module's; construction broadcasts the
+parameters from rank 0; ``finish_gradient_synchronization()`` after backward leaves the average in
+every ``.grad``. Every all-reduce goes through :func:`course_lib.hooks.all_reduce_counted`, so
+``hooks.traffic`` counts them, and each wrapper records a timeline of its last backward
+(``events``): when each gradient became ready and when each all-reduce started and ended.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from course_lib import hooks
+
+__all__ = ["DataParallelNaive", "DataParallelOverlap", "DataParallelBucket", "assign_buckets", "Event"]
+
+
+class Event(NamedTuple):
+    """One bar of the timeline: ``kind`` is ``"backward"`` (autograd working until the gradient of
+    parameter ``label`` was ready) or ``"all_reduce"``; times from :func:`time.perf_counter`, one
+    clock for every process of a machine."""
+
+    kind: str
+    label: str
+    start_s: float
+    end_s: float
+
+
+def _finished_at(events: list, kind: str, label: str, start: float):
+    # A callback on the collective's future: it runs when the all-reduce completes, on whichever
+    # thread completes it, and records that moment.
+    def done(fut):
+        events.append(Event(kind, label, start, time.perf_counter()))
+        return fut.value()
+    return done
+
+
+class _DataParallel(nn.Module):
+    """What the three wrappers share: the broadcast at construction, forward, the timeline."""
+
+    def __init__(self, module: nn.Module, process_group=None):
+        super().__init__()
+        if not dist.is_initialized():
+            raise RuntimeError(f"{type(self).__name__} needs a process group: call it inside a worker started "
+                               "by course_lib.launch.spawn or torchrun (after dist.init_process_group)")
+        self.module = module
+        self.process_group = process_group if process_group is not None else dist.group.WORLD
+        self.world_size = dist.get_world_size(self.process_group)
+        self.named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        # Every rank starts from rank 0's parameters and buffers (as DDP does), whatever its own init.
+        src = dist.get_global_rank(self.process_group, 0)
+        with torch.no_grad():
+            for t in list(module.parameters()) + list(module.buffers()):
+                dist.broadcast(t, src=src, group=self.process_group)
+        self.events: list[Event] = []
+        self._mark = 0.0
+
+    def forward(self, *args, **kwargs):
+        out = self.module(*args, **kwargs)
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(self._backward_starts)  # runs when backward reaches the output
+        return out
+
+    def _backward_starts(self, _grad):
+        self.events = []
+        self._mark = time.perf_counter()
+
+    def _gradient_ready(self, name: str) -> None:
+        # the backward of the layer that owns ``name`` ran from the previous mark until now
+        now = time.perf_counter()
+        self.events.append(Event("backward", name, self._mark, now))
+        self._mark = now
+
+    def _missing_gradients(self) -> None:
+        missing = [n for n, p in self.named if p.grad is None]
+        if missing:
+            raise RuntimeError(f"parameters {missing} got no gradient in this backward: every rank must use every "
+                               "parameter (torch's DDP needs find_unused_parameters=True for models that do not)")
+
+
+class DataParallelNaive(_DataParallel):
+    """Not used in practice, but the place to start: after backward, one blocking all-reduce per
+    parameter, in the order of ``module.parameters()``. Nothing overlaps; each small tensor pays the
+    full latency of a collective."""
+
+    def __init__(self, module: nn.Module, process_group=None):
+        super().__init__(module, process_group)
+        for name, p in self.named:
+            p.register_post_accumulate_grad_hook(lambda _p, name=name: self._gradient_ready(name))
+
+    def finish_gradient_synchronization(self) -> None:
+        self._missing_gradients()
+        for name, p in self.named:
+            start = time.perf_counter()
+            hooks.all_reduce_counted(p.grad, self.process_group)
+            p.grad.div_(self.world_size)
+            self.events.append(Event("all_reduce", name, start, time.perf_counter()))
+
+
+class DataParallelOverlap(_DataParallel):
+    """Each parameter's all-reduce is launched asynchronously the moment its gradient has been
+    accumulated (a post-accumulate-grad hook), while autograd goes on with the layers below;
+    ``finish_gradient_synchronization`` waits for them all."""
+
+    def __init__(self, module: nn.Module, process_group=None):
+        super().__init__(module, process_group)
+        self._works: list = []
+        for name, p in self.named:
+            p.register_post_accumulate_grad_hook(lambda p, name=name: self._launch(name, p))
+
+    def _launch(self, name: str, p: nn.Parameter) -> None:
+        self._gradient_ready(name)
+        if len(self._works) == len(self.named):
+            raise RuntimeError("a second backward before finish_gradient_synchronization(): call it after every "
+                               "backward (to accumulate gradients without communicating, use a plain module)")
+        p.grad.div_(self.world_size)  # sum of grad / world_size: the average, as DDP's allreduce hook does
+        start = time.perf_counter()
+        work = hooks.all_reduce_counted(p.grad, self.process_group, async_op=True)
+        self._works.append(work.get_future().then(_finished_at(self.events, "all_reduce", name, start)))
+
+    def finish_gradient_synchronization(self) -> None:
+        self._missing_gradients()
+        for fut in self._works:
+            fut.wait()
+        self._works = []
+
+
+def assign_buckets(sizes_bytes: list[int], cap_bytes: float) -> list[list[int]]:
+    """Indices into ``sizes_bytes`` (tensors in the order their gradients become ready), grouped into
+    buckets: a bucket is closed as soon as it holds ``cap_bytes`` or more, so a tensor larger than the
+    cap gets a bucket of its own. The rule of DDP's ``compute_bucket_assignment_by_size``, without its
+    smaller first bucket."""
+    if cap_bytes <= 0:
+        raise ValueError(f"the bucket cap must be positive, got {cap_bytes}")
+    buckets, current, filled = [], [], 0
+    for i, size in enumerate(sizes_bytes):
+        current.append(i)
+        filled += size
+        if filled >= cap_bytes:
+            buckets.append(current)
+            current, filled = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+class _Bucket:
+    """One flat buffer and the parameters whose gradients it carries."""
+
+    def __init__(self, params: list[tuple[str, nn.Parameter]]):
+        self.params = params
+        self.offsets = []
+        n = 0
+        for _, p in params:
+            self.offsets.append(n)
+            n += p.numel()
+        self.buffer = torch.zeros(n, dtype=params[0][1].dtype, device=params[0][1].device)
+        self.label = params[0][0] if len(params) == 1 else f"{params[0][0]}..{params[-1][0]}"
+        self.ready = 0
+        self.future = None
+
+
+class DataParallelBucket(_DataParallel):
+    """Gradients copied into flat buckets of about ``bucket_cap_mb`` megabytes, filled in reverse
+    order of ``module.parameters()`` (the order backward produces them, as DDP assumes before its
+    first step); each bucket's all-reduce is launched asynchronously as soon as its last gradient
+    has arrived. One collective per bucket instead of one per parameter."""
+
+    def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0, process_group=None):
+        super().__init__(module, process_group)
+        if bucket_cap_mb <= 0:
+            raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
+        ordered = self.named[::-1]
+        dtypes = {p.dtype for _, p in ordered}
+        if len(dtypes) > 1:
+            raise ValueError(f"parameters of several dtypes {sorted(map(str, dtypes))}: one flat buffer needs one; "
+                             "convert the model with .to(dtype) first")
+        sizes = [p.numel() * p.element_size() for _, p in ordered]
+        self.buckets = [_Bucket([ordered[i] for i in idx])
+                        for idx in assign_buckets(sizes, bucket_cap_mb * 1024 * 1024)]
+        for bucket in self.buckets:
+            for (name, p), offset in zip(bucket.params, bucket.offsets):
+                p.register_post_accumulate_grad_hook(
+                    lambda p, name=name, bucket=bucket, offset=offset: self._arrived(name, p, bucket, offset))
+
+    def _arrived(self, name: str, p: nn.Parameter, bucket: _Bucket, offset: int) -> None:
+        self._gradient_ready(name)
+        if bucket.ready == len(bucket.params):
+            raise RuntimeError("a second backward before finish_gradient_synchronization(): call it after every "
+                               "backward (to accumulate gradients without communicating, use a plain module)")
+        bucket.buffer[offset : offset + p.numel()].copy_(p.grad.reshape(-1))
+        bucket.ready += 1
+        if bucket.ready == len(bucket.params):
+            bucket.buffer.div_(self.world_size)
+            start = time.perf_counter()
+            work = hooks.all_reduce_counted(bucket.buffer, self.process_group, async_op=True)
+            bucket.future = work.get_future().then(_finished_at(self.events, "all_reduce", bucket.label, start))
+
+    def finish_gradient_synchronization(self) -> None:
+        self._missing_gradients()
+        for bucket in self.buckets:
+            if bucket.future is None:
+                raise RuntimeError(f"bucket {bucket.label} was never all-reduced: some of its gradients did not "
+                                   "arrive through backward")
+            bucket.future.wait()
+            for (_, p), offset in zip(bucket.params, bucket.offsets):
+                p.grad.copy_(bucket.buffer[offset : offset + p.numel()].view_as(p.grad))
+            bucket.ready, bucket.future = 0, None

@@ -1,0 +1,79 @@
+"""Workers for tests/test_data_parallel.py (spawn sends functions by name, so they live in a module)."""
+
+import copy
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from course_lib import data_parallel, hooks
+
+
+class ManyShapes(nn.Module):
+    """Parameters of several shapes: 4-d (conv), 2-d, 1-d and 0-d."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 3, 3)
+        self.fc = nn.Linear(3 * 6 * 6, 20)
+        self.norm = nn.LayerNorm(20)
+        self.out = nn.Linear(20, 5)
+        self.scale = nn.Parameter(torch.tensor(1.5))
+
+    def forward(self, x):
+        h = torch.relu(self.conv(x)).flatten(1)
+        return self.out(self.norm(torch.relu(self.fc(h)))) * self.scale
+
+
+def _wrap(kind, model, bucket_cap_mb):
+    if kind == "naive":
+        return data_parallel.DataParallelNaive(model)
+    if kind == "overlap":
+        return data_parallel.DataParallelOverlap(model)
+    return data_parallel.DataParallelBucket(model, bucket_cap_mb=bucket_cap_mb)
+
+
+def against_ddp(rank, world_size, kind, bucket_cap_mb=25.0, steps=3):
+    """The wrapper and torch's DDP from the same (per-rank different) initial model, on the same
+    per-rank data: the gradients after each backward, the parameters after each SGD step."""
+    torch.manual_seed(100 + rank)  # every rank its own init: both must start from rank 0's
+    model = ManyShapes()
+    ours, theirs = _wrap(kind, copy.deepcopy(model), bucket_cap_mb), DDP(copy.deepcopy(model))
+    opt_ours = torch.optim.SGD(ours.parameters(), lr=0.1)
+    opt_theirs = torch.optim.SGD(theirs.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(rank)
+    out = {"grads": [], "params": [], "traffic": []}
+    for _ in range(steps):
+        x, y = torch.randn(6, 1, 8, 8, generator=g), torch.randint(0, 5, (6,), generator=g)
+        hooks.traffic.reset()
+        opt_ours.zero_grad()
+        nn.functional.cross_entropy(ours(x), y).backward()
+        ours.finish_gradient_synchronization()
+        out["traffic"].append(hooks.traffic.snapshot())
+        opt_theirs.zero_grad()
+        nn.functional.cross_entropy(theirs(x), y).backward()
+        out["grads"].append([(a.grad.clone(), b.grad.clone()) for a, b in zip(ours.parameters(), theirs.parameters())])
+        opt_ours.step()
+        opt_theirs.step()
+        out["params"].append([(a.detach().clone(), b.detach().clone())
+                              for a, b in zip(ours.parameters(), theirs.parameters())])
+    out["events"] = list(ours.events)
+    out["buckets"] = [[n for n, _ in b.params] for b in getattr(ours, "buckets", [])]
+    return out
+
+
+def misuse(rank, world_size, kind, what):
+    """What a student may get wrong; returns the message of the error raised, or None."""
+    model = ManyShapes()
+    if what == "unused":
+        model.unused = nn.Linear(2, 2)
+    dp = _wrap(kind, model, 0.001)
+    x, y = torch.randn(4, 1, 8, 8), torch.randint(0, 5, (4,))
+    try:
+        nn.functional.cross_entropy(dp(x), y).backward()
+        if what == "two_backwards":
+            nn.functional.cross_entropy(dp(x), y).backward()
+        dp.finish_gradient_synchronization()
+    except RuntimeError as e:
+        return str(e)
+    return None
