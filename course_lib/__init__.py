@@ -22,6 +22,8 @@ The course's own support, in ``support``: none of it is an algorithm.
 
 * ``support.digits``: the bundled dataset, the MLP every notebook trains, batch slicing;
 * ``support.demos``: small workers the notebooks start to show an algorithm at work;
+* ``support.ddp_program``: torch's DDP program in plain sight, ranks under torchrun, subgroups and
+  timeouts (notebook 03);
 * ``support.exercises``: every exercise's check and reference answer;
 * ``support.figures``: the diagrams in ``img/`` and plots of a notebook's own results;
 * ``support.widgets``: the rank and bandwidth sliders;

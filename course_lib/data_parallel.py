@@ -26,10 +26,13 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib import hooks
+from course_lib.support.digits import batch_slice, digits_tensors, mlp
 
-__all__ = ["DataParallelNaive", "DataParallelOverlap", "DataParallelBucket", "assign_buckets", "Event"]
+__all__ = ["DataParallelNaive", "DataParallelOverlap", "DataParallelBucket", "assign_buckets", "Event", "WRAPPERS",
+           "step_times"]
 
 
 class Event(NamedTuple):
@@ -223,3 +226,45 @@ class DataParallelBucket(_DataParallel):
             for (_, p), offset in zip(bucket.params, bucket.offsets):
                 p.grad.copy_(bucket.buffer[offset : offset + p.numel()].view_as(p.grad))
             bucket.ready, bucket.future = 0, None
+
+
+WRAPPERS = {"naive": DataParallelNaive, "overlap": DataParallelOverlap, "bucket": DataParallelBucket}
+
+
+def step_times(rank: int, world_size: int, kinds: tuple = ("naive", "overlap", "bucket", "ddp"), steps: int = 20,
+               hidden: int = 512, depth: int = 4, batch_size: int = 64, bucket_cap_mb: float = 25.0,
+               threads: int = 1) -> dict:
+    """Worker: train steps of the digits MLP with each wrapper in ``kinds`` (``"ddp"``: torch's
+    DistributedDataParallel), taking turns step by step so that all see the same machine load.
+
+    Returns, per kind: ``step_s`` (forward, backward, synchronization, SGD step; after 3 warm-up
+    steps), ``events`` and ``step_start_s`` of the last step (the wrappers' timeline), and the
+    collectives and bytes of one step.
+    """
+    torch.set_num_threads(threads)
+    x, y, _, _ = digits_tensors(seed=0)
+    models, opts = {}, {}
+    for kind in kinds:
+        model = mlp(hidden=hidden, depth=depth, seed=0)
+        models[kind] = (DDP(model, bucket_cap_mb=bucket_cap_mb) if kind == "ddp" else
+                        WRAPPERS[kind](model, bucket_cap_mb=bucket_cap_mb) if kind == "bucket" else WRAPPERS[kind](model))
+        opts[kind] = torch.optim.SGD(models[kind].parameters(), lr=0.01)
+    out = {kind: {"step_s": []} for kind in kinds}
+    for step in range(steps + 3):
+        rows = batch_slice(step, batch_size, len(x), rank, world_size)
+        for kind in kinds:
+            model, opt = models[kind], opts[kind]
+            dist.barrier()
+            hooks.traffic.reset()
+            start = time.perf_counter()
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x[rows]), y[rows]).backward()
+            if kind != "ddp":
+                model.finish_gradient_synchronization()
+            opt.step()
+            if step >= 3:
+                out[kind]["step_s"].append(time.perf_counter() - start)
+            out[kind]["step_start_s"] = start
+            out[kind]["traffic"] = hooks.traffic.snapshot()
+            out[kind]["events"] = list(getattr(model, "events", []))
+    return out

@@ -50,6 +50,7 @@ class TrainConfig:
     or ``dataclasses.replace(config, seed=1)``."""
 
     hook: str = "allreduce"  # one of HOOKS
+    compress_wrapper: str | None = None  # "fp16" or "bf16": hooks.fp16/bf16_compress_wrapper around the hook
     # PowerSGD's arguments, named as torch's PowerSGDState names them (ignored by the other hooks)
     matrix_approximation_rank: int = 2
     start_powerSGD_iter: int = 10
@@ -80,6 +81,8 @@ class TrainConfig:
         for name in ("steps", "batch_size", "hidden", "depth", "n_in", "eval_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.compress_wrapper not in (None, "fp16", "bf16"):
+            raise ValueError(f"compress_wrapper must be None, 'fp16' or 'bf16', got {self.compress_wrapper!r}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1 or None, got {self.threads}")
 
@@ -90,6 +93,7 @@ class TrainResult:
 
     loss: list[float] = field(default_factory=list)  # training loss of the global batch
     bytes: list[int] = field(default_factory=list)  # gradient bytes this rank's hook has sent so far
+    collectives: list[int] = field(default_factory=list)  # and the collectives it has issued so far
     step_time_s: list[float] = field(default_factory=list)  # forward, backward, communication, update
     error_norm: list[float] = field(default_factory=list)  # PowerSGD's error-feedback memory, when kept
     grad_norm: list[float] = field(default_factory=list)  # the gradient the hook delivered (after the all-reduce)
@@ -104,6 +108,10 @@ class TrainResult:
 
 def make_hook(config: TrainConfig, process_group=None):
     """``(state, hook)`` for ``ddp_model.register_comm_hook(state, hook)``, as ``config`` says."""
+    if config.compress_wrapper is not None:
+        state, hook = make_hook(dataclasses.replace(config, compress_wrapper=None), process_group)
+        wrap = hooks.fp16_compress_wrapper if config.compress_wrapper == "fp16" else hooks.bf16_compress_wrapper
+        return state, wrap(hook)
     if config.hook == "allreduce":
         return process_group, hooks.allreduce_hook
     if config.hook == "fp16":
@@ -177,6 +185,7 @@ def ddp_train(rank: int, world_size: int, config: TrainConfig) -> TrainResult:
         dist.all_reduce(avg)
         out.loss.append(avg.item() / world_size)
         out.bytes.append(hooks.traffic.bytes)
+        out.collectives.append(hooks.traffic.collectives)
         # (after the timing; step() leaves .grad as the hook delivered it)
         out.grad_norm.append(sum(p.grad.double().square().sum().item() for p in model.parameters()) ** 0.5)
         errors = getattr(state, "error_dict", None)
@@ -273,6 +282,8 @@ def _argument_parser() -> argparse.ArgumentParser:
             ap.add_argument(flag, choices=HOOKS, default=f.default)
         elif f.type in (bool, "bool"):
             ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+        elif f.name == "compress_wrapper":
+            ap.add_argument(flag, choices=["fp16", "bf16"], default=None)
         elif f.name in ("resume_at", "threads"):
             ap.add_argument(flag, type=int, default=f.default)
         else:

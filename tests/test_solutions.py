@@ -4,7 +4,7 @@ pushovers: the unsolved stub is refused."""
 import pytest
 
 from course_lib.support import exercises as ex
-from solutions import nb00, nb01, nb02, nb04, nb05, nb07
+from solutions import nb00, nb01, nb02, nb03, nb04, nb05, nb07
 
 ANSWERS = [
     (ex.check_sum_of_squares, nb00.sum_of_squares),
@@ -16,6 +16,8 @@ ANSWERS = [
     (ex.check_reduce_scatter, nb02.reduce_scatter),
     (ex.check_ring_shift, nb02.ring_shift),
     (ex.check_halving_doubling, nb02.halving_doubling_all_reduce),
+    (ex.check_assign_buckets, nb03.my_assign_buckets),
+    (ex.check_sync_time, nb03.my_sync_time),
     (ex.check_orthogonalize, nb04.my_orthogonalize),
     (ex.check_power_step, nb04.my_power_step),
     (ex.check_smallest_rank, nb04.my_smallest_rank),

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from course_lib import accumulation, collectives, costmodel, lowrank, powersgd
+from course_lib import accumulation, collectives, costmodel, data_parallel, lowrank, powersgd
 from course_lib.launch import WorkerError, spawn
 from course_lib.support.digits import digits_tensors, mlp
 
@@ -35,6 +35,8 @@ __all__ = [
     "check_reduce_scatter",
     "check_ring_shift",
     "check_halving_doubling",
+    "check_assign_buckets",
+    "check_sync_time",
     "check_orthogonalize",
     "check_power_step",
     "check_smallest_rank",
@@ -306,6 +308,33 @@ def check_halving_doubling(student_fn) -> bool:
     power-of-two world sizes; checked against ``dist.all_reduce`` on 2 and 4 ranks."""
     return check_distributed(student_fn, all_reduce_expected, exercise_inputs, world_sizes=(2, 4),
                              name=_name(student_fn, "halving_doubling_all_reduce"))
+
+
+# --- notebook 03: data parallelism ----------------------------------------------------------------
+
+def check_assign_buckets(student_fn) -> bool:
+    """``student_fn(sizes_bytes, cap_bytes)``: the tensors (indices, in the order their gradients are
+    ready) of each bucket, as ``data_parallel.assign_buckets``."""
+    cases = [([4, 4, 4, 4], 8), ([10, 1, 1, 1], 8), ([3, 3, 3], 100), ([5, 3, 7, 1, 8, 2], 8), ([1], 1),
+             ([2, 2, 2, 2, 2], 3)]
+    return check(student_fn, data_parallel.assign_buckets, cases, name=_name(student_fn, "assign_buckets"))
+
+
+def _sync_time(sizes_bytes, cap_bytes, world_size, alpha_s, busbw_GBps):
+    naive = sum(costmodel.ring_all_reduce_time(n, world_size, alpha_s, busbw_GBps) for n in sizes_bytes)
+    buckets = data_parallel.assign_buckets(sizes_bytes, cap_bytes)
+    bucketed = sum(costmodel.ring_all_reduce_time(sum(sizes_bytes[i] for i in b), world_size, alpha_s, busbw_GBps)
+                   for b in buckets)
+    return naive, bucketed
+
+
+def check_sync_time(student_fn) -> bool:
+    """``student_fn(sizes_bytes, cap_bytes, world_size, alpha_s, busbw_GBps)``: seconds of ring all-reduce
+    for one step, ``(naive, bucketed)``: one all-reduce per tensor, against one per bucket."""
+    mlp_sizes = [40, 10 * 512 * 4, 2048, 512 * 512 * 4, 2048, 512 * 512 * 4, 2048, 512 * 64 * 4]
+    cases = [(mlp_sizes, 25 * 2**20, 2, 50e-6, 1.0), (mlp_sizes, 2**20, 8, 5e-6, 100.0),
+             ([4] * 100, 400, 4, 1e-5, 10.0), ([10**9], 10**6, 16, 2e-5, 200.0)]
+    return check(student_fn, _sync_time, cases, name=_name(student_fn, "sync_time"), rtol=1e-9, atol=1e-15)
 
 
 # --- notebook 04: power iteration ------------------------------------------------------------------

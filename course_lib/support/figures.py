@@ -9,7 +9,8 @@
 * ``ring_allreduce.png``: a ring all-reduce on 4 processes, recorded from the algorithm itself.
 
 It also draws plots of a notebook's own results: ``plot_graph_states`` (notebook 01: the autograd
-graph at three moments) and ``plot_ring_trace`` (notebook 02: a ring all-reduce traced live).
+graph at three moments), ``plot_ring_trace`` (notebook 02: a ring all-reduce traced live) and
+``plot_timeline`` (notebook 03: backward and all-reduces of one step, per rank, per wrapper).
 """
 
 import sys
@@ -22,7 +23,7 @@ from course_lib.launch import spawn
 from course_lib.support.demos import ring_trace
 
 __all__ = ["ddp_procedure", "bucket_hook_future", "powersgd_factorization", "ring_allreduce", "plot_ring_trace",
-           "plot_graph_states", "build_all"]
+           "plot_graph_states", "plot_timeline", "build_all"]
 
 COLORS = {"param": "#9ecae1", "grad": "#fdae6b", "avg": "#a1d99b", "box": "#f0f0f0", "hook": "#fdd0a2"}
 
@@ -150,6 +151,35 @@ def plot_ring_trace(traces: list):
     fig.suptitle("Ring all-reduce, recorded from the algorithm: each box lists the ranks whose data a chunk holds",
                  fontsize=10, y=1.0)
     fig.subplots_adjust(left=0.16, hspace=0.15)
+    return fig
+
+
+def plot_timeline(outs: list[dict], kinds: tuple = ("naive", "bucket")):
+    """One step of each wrapper in ``kinds``, per rank: when autograd produced each gradient (top lane)
+    and when each all-reduce ran (bottom lane), in ms from the step's start.
+
+    ``outs`` is what :func:`course_lib.data_parallel.step_times` returned, one dict per rank.
+    """
+    fig, axes = plt.subplots(len(kinds), 1, figsize=(10, 1.6 * len(outs) * len(kinds) / 2 + 1), sharex=True,
+                             squeeze=False)
+    for ax, kind in zip(axes[:, 0], kinds):
+        ticks, labels = [], []
+        for rank, out in enumerate(outs):
+            t0, y = out[kind]["step_start_s"], 3 * (len(outs) - 1 - rank)
+            for i, event in enumerate(e for e in out[kind]["events"] if e.kind == "backward"):
+                ax.broken_barh([((event.start_s - t0) * 1e3, (event.end_s - event.start_s) * 1e3)], (y + 1.1, 0.8),
+                               color=("#6baed6", "#2171b5")[i % 2])
+            for i, event in enumerate(e for e in out[kind]["events"] if e.kind == "all_reduce"):
+                ax.broken_barh([((event.start_s - t0) * 1e3, (event.end_s - event.start_s) * 1e3)], (y + 0.1, 0.8),
+                               color=("#fd8d3c", "#d94801")[i % 2])
+            ticks += [y + 1.5, y + 0.5]
+            labels += [f"rank {rank} backward", f"rank {rank} all-reduce"]
+        ax.set_yticks(ticks, labels, fontsize=8)
+        ax.set_title(f"{kind}: backward (blue, one bar per gradient) and all-reduces (orange, one bar each)",
+                     fontsize=9)
+        ax.grid(axis="x", alpha=0.3)
+    axes[-1, 0].set_xlabel("time since the step started (ms)")
+    fig.tight_layout()
     return fig
 
 

@@ -1,0 +1,104 @@
+"""Notebook 03's programs: torch's DDP in plain sight, ranks under torchrun, groups and timeouts.
+
+``ddp_program`` is a complete data-parallel program written only with torch: it joins the group
+itself, wraps the model in ``DistributedDataParallel``, registers a communication hook, trains and
+leaves. ``torch.multiprocessing.spawn`` starts it; ``course_lib.launch.spawn`` starts
+``train_steps``, its middle part, in a group already joined. Run as a script under ``torchrun``
+(``python -m course_lib.support.ddp_program``), this module prints the ranks torchrun gave it.
+"""
+
+import datetime
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from course_lib import hooks
+from course_lib.support.digits import batch_slice, digits_tensors, mlp
+
+__all__ = ["train_steps", "ddp_program", "fail_on_rank_one", "torch_bf16_refusal", "subgroup_and_timeout",
+           "print_ranks"]
+
+
+def train_steps(rank: int, world_size: int, steps: int = 20) -> dict:
+    """Worker (in a joined group): DDP on the digits MLP, a hook registered, ``steps`` SGD steps."""
+    device = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
+    model = mlp(seed=rank).to(device)  # a different init on every rank: DDP broadcasts rank 0's
+    ddp_model = DDP(model, device_ids=[rank] if device.type == "cuda" else None)
+    ddp_model.register_comm_hook(ddp_model.process_group, hooks.allreduce_hook)
+    opt = torch.optim.SGD(ddp_model.parameters(), lr=0.1)
+    x, y, _, _ = (t.to(device) for t in digits_tensors(seed=0))
+    for step in range(steps):
+        rows = batch_slice(step, 64, len(x), rank, world_size)  # this rank's half of the global batch
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(ddp_model(x[rows]), y[rows])
+        loss.backward()  # DDP's hooks all-reduce the gradients during backward
+        opt.step()
+    return {"rank": rank, "loss": loss.item(), "params": torch.cat([p.detach().flatten() for p in model.parameters()])}
+
+
+def ddp_program(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """The whole program, for ``torch.multiprocessing.spawn(ddp_program, args=(world_size, port, out_dir),
+    nprocs=world_size)``: mp.spawn passes the process index as ``rank`` and returns nothing, so each
+    rank saves its result to a file."""
+    backend = "nccl" if torch.cuda.device_count() >= world_size else "gloo"  # one GPU per process, or CPUs
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    result = train_steps(rank, world_size)
+    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def fail_on_rank_one(rank: int, world_size: int) -> None:
+    """For ``torch.multiprocessing.spawn``: rank 1 raises, the others wait a little."""
+    if rank == 1:
+        raise ValueError("rank 1 found a bad batch")
+    time.sleep(2)
+
+
+def torch_bf16_refusal(rank: int, world_size: int) -> str:
+    """Worker: what DDP says when torch's own ``bf16_compress_hook`` is registered on a CPU build."""
+    ddp_model = DDP(mlp(seed=0))
+    try:
+        ddp_model.register_comm_hook(ddp_model.process_group, default_hooks.bf16_compress_hook)
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return "accepted"
+
+
+def subgroup_and_timeout(rank: int, world_size: int, timeout_s: float = 2.0) -> dict:
+    """Worker (3 or more ranks): an all-reduce in the subgroup {0, 1} only; then a collective in a group
+    with a ``timeout_s`` timeout that rank 0 enters and rank 1 never does."""
+    pair = dist.new_group([0, 1])  # every rank calls new_group, members or not
+    t = torch.tensor([10.0**rank])  # 1, 10, 100, ...: a sum says who took part
+    if rank in (0, 1):
+        dist.all_reduce(t, group=pair)
+    out = {"rank": rank, "after_subgroup_all_reduce": t.item()}
+    short = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=timeout_s))
+    if rank == 0:
+        start = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(1), group=short)  # rank 1 never joins this one
+            out["timeout"] = "no error"
+        except RuntimeError as e:
+            out["timeout"] = f"{type(e).__name__} after {time.monotonic() - start:.1f} s: {str(e).splitlines()[0]}"
+    dist.barrier()  # rank 1 waits here, in the default group, meanwhile
+    return out
+
+
+def print_ranks() -> None:
+    """Under torchrun: print this process's ranks as torchrun set them, after one all-reduce in the group."""
+    dist.init_process_group("gloo")
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    names = ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+    print(" ".join(f"{n}={os.environ[n]}" for n in names) + f" all_reduce(1)={total.item():g}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    print_ranks()
