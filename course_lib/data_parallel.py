@@ -246,8 +246,12 @@ def step_times(rank: int, world_size: int, kinds: tuple = ("naive", "overlap", "
     models, opts = {}, {}
     for kind in kinds:
         model = mlp(hidden=hidden, depth=depth, seed=0)
-        models[kind] = (DDP(model, bucket_cap_mb=bucket_cap_mb) if kind == "ddp" else
-                        WRAPPERS[kind](model, bucket_cap_mb=bucket_cap_mb) if kind == "bucket" else WRAPPERS[kind](model))
+        if kind == "ddp":
+            models[kind] = DDP(model, bucket_cap_mb=bucket_cap_mb)
+        elif kind == "bucket":
+            models[kind] = DataParallelBucket(model, bucket_cap_mb=bucket_cap_mb)
+        else:
+            models[kind] = WRAPPERS[kind](model)
         opts[kind] = torch.optim.SGD(models[kind].parameters(), lr=0.01)
     out = {kind: {"step_s": []} for kind in kinds}
     for step in range(steps + 3):
