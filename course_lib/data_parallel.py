@@ -238,8 +238,8 @@ def step_times(rank: int, world_size: int, kinds: tuple = ("naive", "overlap", "
     DistributedDataParallel), taking turns step by step so that all see the same machine load.
 
     Returns, per kind: ``step_s`` (forward, backward, synchronization, SGD step; after 3 warm-up
-    steps), ``events`` and ``step_start_s`` of the last step (the wrappers' timeline), and the
-    collectives and bytes of one step.
+    steps), ``events`` and ``step_start_s`` of the last step (the wrappers' timeline), the
+    collectives and bytes of one step, and the parameters after the last step (``params``, flat).
     """
     torch.set_num_threads(threads)
     x, y, _, _ = digits_tensors(seed=0)
@@ -271,4 +271,6 @@ def step_times(rank: int, world_size: int, kinds: tuple = ("naive", "overlap", "
             out[kind]["step_start_s"] = start
             out[kind]["traffic"] = hooks.traffic.snapshot()
             out[kind]["events"] = list(getattr(model, "events", []))
+    for kind in kinds:
+        out[kind]["params"] = torch.cat([p.detach().flatten() for p in models[kind].parameters()])
     return out
