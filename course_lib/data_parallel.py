@@ -13,13 +13,16 @@ wrappers below do that average, from the simplest to what ``DistributedDataParal
 
 Each is an ``nn.Module`` whose ``forward`` is the wrapped module's; construction broadcasts the
 parameters from rank 0; ``finish_gradient_synchronization()`` after backward leaves the average in
-every ``.grad``. Every all-reduce goes through :func:`course_lib.hooks.all_reduce_counted`, so
-``hooks.traffic`` counts them, and each wrapper records a timeline of its last backward
-(``events``): when each gradient became ready and when each all-reduce started and ended.
+every ``.grad``; ``with model.no_sync():`` around a backward skips the communication, so that
+gradients accumulate locally (notebook 01), as DDP's ``no_sync`` does. Every all-reduce goes
+through :func:`course_lib.hooks.all_reduce_counted`, so ``hooks.traffic`` counts them, and each
+wrapper records a timeline of its last backward (``events``): when each gradient became ready and
+when each all-reduce started and ended.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import NamedTuple
 
@@ -37,8 +40,8 @@ __all__ = ["DataParallelNaive", "DataParallelOverlap", "DataParallelBucket", "as
 
 class Event(NamedTuple):
     """One bar of the timeline: ``kind`` is ``"backward"`` (autograd working until the gradient of
-    parameter ``label`` was ready) or ``"all_reduce"``; times from :func:`time.perf_counter`, one
-    clock for every process of a machine."""
+    parameter ``label`` was ready, the wrapper's own hook work included) or ``"all_reduce"``; times
+    from :func:`time.perf_counter` (on Linux one clock for every process of a machine)."""
 
     kind: str
     label: str
@@ -63,7 +66,13 @@ class _DataParallel(nn.Module):
         if not dist.is_initialized():
             raise RuntimeError(f"{type(self).__name__} needs a process group: call it inside a worker started "
                                "by course_lib.launch.spawn or torchrun (after dist.init_process_group)")
+        if getattr(module, "_course_data_parallel", None):
+            raise RuntimeError(f"this module is already wrapped by {module._course_data_parallel}: its gradient "
+                               "hooks are registered; wrap a fresh model (a new mlp(...), or a copy.deepcopy of the "
+                               "original taken before wrapping)")
+        module._course_data_parallel = type(self).__name__
         self.module = module
+        self.sync = True  # False inside no_sync()
         self.process_group = process_group if process_group is not None else dist.group.WORLD
         self.world_size = dist.get_world_size(self.process_group)
         self.named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
@@ -74,6 +83,16 @@ class _DataParallel(nn.Module):
                 dist.broadcast(t, src=src, group=self.process_group)
         self.events: list[Event] = []
         self._mark = 0.0
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside this block only accumulate ``.grad`` locally; the next backward
+        outside it communicates the accumulated sum (then call ``finish_gradient_synchronization``)."""
+        self.sync = False
+        try:
+            yield
+        finally:
+            self.sync = True
 
     def forward(self, *args, **kwargs):
         out = self.module(*args, **kwargs)
@@ -90,6 +109,10 @@ class _DataParallel(nn.Module):
         now = time.perf_counter()
         self.events.append(Event("backward", name, self._mark, now))
         self._mark = now
+
+    def _second_backward(self):
+        return RuntimeError("a second backward before finish_gradient_synchronization(): call it after every backward, "
+                            "or run the backward passes that only accumulate inside `with model.no_sync():`")
 
     def _missing_gradients(self) -> None:
         missing = [n for n, p in self.named if p.grad is None]
@@ -113,6 +136,8 @@ class DataParallelNaive(_DataParallel):
         for name, p in self.named:
             start = time.perf_counter()
             hooks.all_reduce_counted(p.grad, self.process_group)
+            # sum, then divide: in float32 either order gives the average (DDP divides first, so
+            # that 16-bit gradients cannot overflow in the sum; the other two wrappers do too)
             p.grad.div_(self.world_size)
             self.events.append(Event("all_reduce", name, start, time.perf_counter()))
 
@@ -125,14 +150,17 @@ class DataParallelOverlap(_DataParallel):
     def __init__(self, module: nn.Module, process_group=None):
         super().__init__(module, process_group)
         self._works: list = []
+        self._launched: set[str] = set()
         for name, p in self.named:
             p.register_post_accumulate_grad_hook(lambda p, name=name: self._launch(name, p))
 
     def _launch(self, name: str, p: nn.Parameter) -> None:
         self._gradient_ready(name)
-        if len(self._works) == len(self.named):
-            raise RuntimeError("a second backward before finish_gradient_synchronization(): call it after every "
-                               "backward (to accumulate gradients without communicating, use a plain module)")
+        if not self.sync:
+            return
+        if name in self._launched:
+            raise self._second_backward()
+        self._launched.add(name)
         p.grad.div_(self.world_size)  # sum of grad / world_size: the average, as DDP's allreduce hook does
         start = time.perf_counter()
         work = hooks.all_reduce_counted(p.grad, self.process_group, async_op=True)
@@ -142,14 +170,14 @@ class DataParallelOverlap(_DataParallel):
         self._missing_gradients()
         for fut in self._works:
             fut.wait()
-        self._works = []
+        self._works, self._launched = [], set()
 
 
 def assign_buckets(sizes_bytes: list[int], cap_bytes: float) -> list[list[int]]:
     """Indices into ``sizes_bytes`` (tensors in the order their gradients become ready), grouped into
     buckets: a bucket is closed as soon as it holds ``cap_bytes`` or more, so a tensor larger than the
-    cap gets a bucket of its own. The rule of DDP's ``compute_bucket_assignment_by_size``, without its
-    smaller first bucket."""
+    cap gets a bucket of its own. The rule of DDP's ``compute_bucket_assignment_by_size``, with one
+    cap for every bucket."""
     if cap_bytes <= 0:
         raise ValueError(f"the bucket cap must be positive, got {cap_bytes}")
     buckets, current, filled = [], [], 0
@@ -176,15 +204,16 @@ class _Bucket:
             n += p.numel()
         self.buffer = torch.zeros(n, dtype=params[0][1].dtype, device=params[0][1].device)
         self.label = params[0][0] if len(params) == 1 else f"{params[0][0]}..{params[-1][0]}"
-        self.ready = 0
+        self.arrived: set[str] = set()
         self.future = None
 
 
 class DataParallelBucket(_DataParallel):
-    """Gradients copied into flat buckets of about ``bucket_cap_mb`` megabytes, filled in reverse
-    order of ``module.parameters()`` (the order backward produces them, as DDP assumes before its
-    first step); each bucket's all-reduce is launched asynchronously as soon as its last gradient
-    has arrived. One collective per bucket instead of one per parameter."""
+    """Gradients copied into flat buckets of about ``bucket_cap_mb`` MiB, filled in reverse order of
+    ``module.parameters()`` (for a feed-forward model, the order backward produces them); each
+    bucket's all-reduce is launched asynchronously as soon as its last gradient has arrived. One
+    collective per bucket instead of one per parameter. (torch's DDP puts everything in one bucket
+    for its first iteration, then rebuilds its buckets in the order the gradients really arrived.)"""
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0, process_group=None):
         super().__init__(module, process_group)
@@ -205,12 +234,13 @@ class DataParallelBucket(_DataParallel):
 
     def _arrived(self, name: str, p: nn.Parameter, bucket: _Bucket, offset: int) -> None:
         self._gradient_ready(name)
-        if bucket.ready == len(bucket.params):
-            raise RuntimeError("a second backward before finish_gradient_synchronization(): call it after every "
-                               "backward (to accumulate gradients without communicating, use a plain module)")
+        if not self.sync:
+            return
+        if name in bucket.arrived:
+            raise self._second_backward()
         bucket.buffer[offset : offset + p.numel()].copy_(p.grad.reshape(-1))
-        bucket.ready += 1
-        if bucket.ready == len(bucket.params):
+        bucket.arrived.add(name)
+        if len(bucket.arrived) == len(bucket.params):
             bucket.buffer.div_(self.world_size)
             start = time.perf_counter()
             work = hooks.all_reduce_counted(bucket.buffer, self.process_group, async_op=True)
@@ -225,7 +255,7 @@ class DataParallelBucket(_DataParallel):
             bucket.future.wait()
             for (_, p), offset in zip(bucket.params, bucket.offsets):
                 p.grad.copy_(bucket.buffer[offset : offset + p.numel()].view_as(p.grad))
-            bucket.ready, bucket.future = 0, None
+            bucket.arrived, bucket.future = set(), None
 
 
 WRAPPERS = {"naive": DataParallelNaive, "overlap": DataParallelOverlap, "bucket": DataParallelBucket}

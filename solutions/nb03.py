@@ -1,12 +1,12 @@
 """Notebook 03: data parallelism."""
 
 
-def my_assign_buckets(sizes_bytes, cap_bytes):
+def my_ddp_buckets(sizes_bytes, first_cap_bytes, cap_bytes):
     buckets, current, filled = [], [], 0
     for i, size in enumerate(sizes_bytes):
         current.append(i)
         filled += size
-        if filled >= cap_bytes:  # closed once it holds the cap or more
+        if filled >= (first_cap_bytes if not buckets else cap_bytes):  # closed once it holds its cap
             buckets.append(current)
             current, filled = [], 0
     return buckets + [current] if current else buckets
@@ -17,5 +17,5 @@ def my_sync_time(sizes_bytes, cap_bytes, world_size, alpha_s, busbw_GBps):
         return 2 * (world_size - 1) * alpha_s + 2 * (world_size - 1) / world_size * n / (busbw_GBps * 1e9)
 
     naive = sum(ring(n) for n in sizes_bytes)
-    bucketed = sum(ring(sum(sizes_bytes[i] for i in b)) for b in my_assign_buckets(sizes_bytes, cap_bytes))
+    bucketed = sum(ring(sum(sizes_bytes[i] for i in b)) for b in my_ddp_buckets(sizes_bytes, cap_bytes, cap_bytes))
     return naive, bucketed

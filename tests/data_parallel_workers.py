@@ -77,3 +77,31 @@ def misuse(rank, world_size, kind, what):
     except RuntimeError as e:
         return str(e)
     return None
+
+
+def accumulate_against_ddp(rank, world_size, kind):
+    """Two micro-batches per step, the first inside no_sync(), in the wrapper and in torch's DDP."""
+    torch.manual_seed(0)
+    model = ManyShapes()
+    ours, theirs = _wrap(kind, copy.deepcopy(model), 0.002), DDP(copy.deepcopy(model))
+    g = torch.Generator().manual_seed(rank)
+    batches = [(torch.randn(4, 1, 8, 8, generator=g), torch.randint(0, 5, (4,), generator=g)) for _ in range(2)]
+    hooks.traffic.reset()
+    for wrapped in (ours, theirs):
+        with wrapped.no_sync():
+            nn.functional.cross_entropy(wrapped(batches[0][0]), batches[0][1]).backward()
+        nn.functional.cross_entropy(wrapped(batches[1][0]), batches[1][1]).backward()
+        if wrapped is ours:
+            ours.finish_gradient_synchronization()
+            sent = hooks.traffic.snapshot()
+    return {"pairs": [(a.grad, b.grad) for a, b in zip(ours.parameters(), theirs.parameters())], "sent": sent}
+
+
+def wrap_twice(rank, world_size):
+    model = ManyShapes()
+    data_parallel.DataParallelBucket(model)
+    try:
+        data_parallel.DataParallelNaive(model)
+    except RuntimeError as e:
+        return str(e)
+    return None

@@ -76,3 +76,17 @@ def test_two_backwards_without_finishing_is_a_clear_error(kind):
 def test_outside_a_process_group_is_a_clear_error():
     with pytest.raises(RuntimeError, match="needs a process group"):
         data_parallel.DataParallelNaive(W.ManyShapes())
+
+
+@pytest.mark.parametrize("kind", ["overlap", "bucket"])
+def test_no_sync_accumulates_as_torch_ddp_does(kind):
+    for rank, out in enumerate(spawn(W.accumulate_against_ddp, 2, kind, backend="gloo")):
+        for i, (ours, theirs) in enumerate(out["pairs"]):
+            torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6, msg=f"rank {rank} grad {i}")
+        # one step's communication, not two
+        assert out["sent"]["bytes"] == 4 * sum(p.numel() for p in W.ManyShapes().parameters())
+
+
+def test_wrapping_a_module_twice_is_a_clear_error():
+    message = spawn(W.wrap_twice, 2, backend="gloo")[0]
+    assert message is not None and "already wrapped by DataParallelBucket" in message

@@ -16,7 +16,7 @@ ANSWERS = [
     (ex.check_reduce_scatter, nb02.reduce_scatter),
     (ex.check_ring_shift, nb02.ring_shift),
     (ex.check_halving_doubling, nb02.halving_doubling_all_reduce),
-    (ex.check_assign_buckets, nb03.my_assign_buckets),
+    (ex.check_ddp_buckets, nb03.my_ddp_buckets),
     (ex.check_sync_time, nb03.my_sync_time),
     (ex.check_orthogonalize, nb04.my_orthogonalize),
     (ex.check_power_step, nb04.my_power_step),

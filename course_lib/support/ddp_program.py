@@ -9,6 +9,9 @@ leaves. ``torch.multiprocessing.spawn`` starts it; ``course_lib.launch.spawn`` s
 
 import datetime
 import os
+import subprocess
+import sys
+import tempfile
 import time
 
 import torch
@@ -21,11 +24,12 @@ from course_lib import hooks
 from course_lib.support.digits import batch_slice, digits_tensors, mlp
 
 __all__ = ["train_steps", "ddp_program", "fail_on_rank_one", "torch_bf16_refusal", "subgroup_and_timeout",
-           "print_ranks"]
+           "print_ranks", "two_node_torchrun"]
 
 
 def train_steps(rank: int, world_size: int, steps: int = 20) -> dict:
     """Worker (in a joined group): DDP on the digits MLP, a hook registered, ``steps`` SGD steps."""
+    # one node: the rank is also the local rank, the GPU to take (on several nodes: LOCAL_RANK)
     device = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
     model = mlp(seed=rank).to(device)  # a different init on every rank: DDP broadcasts rank 0's
     ddp_model = DDP(model, device_ids=[rank] if device.type == "cuda" else None)
@@ -46,6 +50,8 @@ def ddp_program(rank: int, world_size: int, port: int, out_dir: str) -> None:
     nprocs=world_size)``: mp.spawn passes the process index as ``rank`` and returns nothing, so each
     rank saves its result to a file."""
     backend = "nccl" if torch.cuda.device_count() >= world_size else "gloo"  # one GPU per process, or CPUs
+    if backend == "nccl":
+        torch.cuda.set_device(rank)  # before the first collective: NCCL binds to the current device
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     result = train_steps(rank, world_size)
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
@@ -96,8 +102,36 @@ def print_ranks() -> None:
     total = torch.ones(1)
     dist.all_reduce(total)
     names = ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
-    print(" ".join(f"{n}={os.environ[n]}" for n in names) + f" all_reduce(1)={total.item():g}", flush=True)
+    line = " ".join(f"{n}={os.environ[n]}" for n in names) + f" all_reduce(1)={total.item():g}\n"
+    os.write(1, line.encode())  # one write: the processes of a node share one stdout
     dist.destroy_process_group()
+
+
+def two_node_torchrun(port: int, nproc_per_node: int = 2, timeout_s: float = 120.0) -> tuple[list[str], list[str]]:
+    """Start two ``torchrun`` "nodes" on this machine, meeting at a c10d rendezvous on 127.0.0.1:``port``,
+    each running :func:`print_ranks` in ``nproc_per_node`` processes. Returns the command (one node's)
+    and the lines the processes printed, sorted by RANK."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node",
+               str(nproc_per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+               "--rdzv-id", "two_nodes", "-m", "course_lib.support.ddp_program"]
+    with tempfile.TemporaryDirectory() as logs:
+        files = [(open(os.path.join(logs, f"node{i}.out"), "w"), open(os.path.join(logs, f"node{i}.err"), "w"))
+                 for i in range(2)]
+        nodes = [subprocess.Popen(command, stdout=out, stderr=err, text=True) for out, err in files]
+        try:
+            codes = [node.wait(timeout=timeout_s) for node in nodes]
+        finally:
+            for node in nodes:
+                node.kill()
+            for out, err in files:
+                out.close()
+                err.close()
+        texts = [[open(os.path.join(logs, f"node{i}.{kind}")).read() for kind in ("out", "err")] for i in range(2)]
+    if any(codes):
+        errors = "\n".join(err[-2000:] for _, err in texts)
+        raise RuntimeError(f"torchrun exited with codes {codes}; its output:\n{errors}")
+    lines = [line for out, _ in texts for line in out.splitlines() if line.startswith("RANK=")]
+    return command, sorted(lines, key=lambda line: int(line.split()[0].split("=")[1]))
 
 
 if __name__ == "__main__":

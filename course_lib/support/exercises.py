@@ -35,7 +35,7 @@ __all__ = [
     "check_reduce_scatter",
     "check_ring_shift",
     "check_halving_doubling",
-    "check_assign_buckets",
+    "check_ddp_buckets",
     "check_sync_time",
     "check_orthogonalize",
     "check_power_step",
@@ -312,12 +312,18 @@ def check_halving_doubling(student_fn) -> bool:
 
 # --- notebook 03: data parallelism ----------------------------------------------------------------
 
-def check_assign_buckets(student_fn) -> bool:
-    """``student_fn(sizes_bytes, cap_bytes)``: the tensors (indices, in the order their gradients are
-    ready) of each bucket, as ``data_parallel.assign_buckets``."""
-    cases = [([4, 4, 4, 4], 8), ([10, 1, 1, 1], 8), ([3, 3, 3], 100), ([5, 3, 7, 1, 8, 2], 8), ([1], 1),
-             ([2, 2, 2, 2, 2], 3)]
-    return check(student_fn, data_parallel.assign_buckets, cases, name=_name(student_fn, "assign_buckets"))
+def _ddp_buckets(sizes_bytes, first_cap_bytes, cap_bytes):
+    first = data_parallel.assign_buckets(sizes_bytes, first_cap_bytes)[0]
+    rest = data_parallel.assign_buckets(sizes_bytes[len(first):], cap_bytes) if len(first) < len(sizes_bytes) else []
+    return [first] + [[len(first) + i for i in b] for b in rest]
+
+
+def check_ddp_buckets(student_fn) -> bool:
+    """``student_fn(sizes_bytes, first_cap_bytes, cap_bytes)``: the buckets (indices, in the order the
+    gradients are ready) when the first bucket closes at ``first_cap_bytes`` and every other at ``cap_bytes``."""
+    cases = [([4, 4, 4, 4], 4, 8), ([10, 1, 1, 1], 8, 8), ([3, 3, 3], 1, 100), ([5, 3, 7, 1, 8, 2], 2, 8),
+             ([1], 1, 1), ([2, 2, 2, 2, 2], 3, 5), ([1, 1, 1, 1, 1, 1], 100, 2)]
+    return check(student_fn, _ddp_buckets, cases, name=_name(student_fn, "ddp_buckets"))
 
 
 def _sync_time(sizes_bytes, cap_bytes, world_size, alpha_s, busbw_GBps):
@@ -330,7 +336,8 @@ def _sync_time(sizes_bytes, cap_bytes, world_size, alpha_s, busbw_GBps):
 
 def check_sync_time(student_fn) -> bool:
     """``student_fn(sizes_bytes, cap_bytes, world_size, alpha_s, busbw_GBps)``: seconds of ring all-reduce
-    for one step, ``(naive, bucketed)``: one all-reduce per tensor, against one per bucket."""
+    for one step, ``(naive, bucketed)``: one all-reduce per tensor, against one per bucket of
+    ``data_parallel.assign_buckets``; busbw in GB/s of 1e9 bytes."""
     mlp_sizes = [40, 10 * 512 * 4, 2048, 512 * 512 * 4, 2048, 512 * 512 * 4, 2048, 512 * 64 * 4]
     cases = [(mlp_sizes, 25 * 2**20, 2, 50e-6, 1.0), (mlp_sizes, 2**20, 8, 5e-6, 100.0),
              ([4] * 100, 400, 4, 1e-5, 10.0), ([10**9], 10**6, 16, 2e-5, 200.0)]

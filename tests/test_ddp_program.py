@@ -1,0 +1,37 @@
+"""course_lib.support.ddp_program: notebook 03's programs, run as the notebook runs them."""
+
+import torch
+import torch.multiprocessing as mp
+
+from course_lib.launch import free_port, spawn
+from course_lib.support import ddp_program
+
+
+def test_the_plain_ddp_program_under_mp_spawn_agrees_with_launch_spawn(tmp_path):
+    mp.spawn(ddp_program.ddp_program, args=(2, free_port(), str(tmp_path)), nprocs=2)
+    plain = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    ours = spawn(ddp_program.train_steps, 2, backend="gloo")
+    # every rank starts from its own init; DDP broadcasts rank 0's, so all four end the same
+    for result in plain[1:] + ours:
+        torch.testing.assert_close(result["params"], plain[0]["params"], rtol=0, atol=1e-6)
+
+
+def test_two_torchrun_nodes_give_each_process_its_ranks():
+    _, lines = ddp_program.two_node_torchrun(free_port())
+    fields = [dict(kv.split("=", 1) for kv in line.split()) for line in lines]
+    assert [f["RANK"] for f in fields] == ["0", "1", "2", "3"]
+    for f in fields:
+        assert int(f["RANK"]) == int(f["GROUP_RANK"]) * 2 + int(f["LOCAL_RANK"])
+        assert f["WORLD_SIZE"] == "4" and f["LOCAL_WORLD_SIZE"] == "2" and f["all_reduce(1)"] == "4"
+
+
+def test_subgroup_all_reduce_and_a_timeout_instead_of_a_hang():
+    outs = spawn(ddp_program.subgroup_and_timeout, 3, 1.0, backend="gloo", timeout_s=60)
+    assert [o["after_subgroup_all_reduce"] for o in outs] == [11.0, 11.0, 100.0]
+    assert outs[0]["timeout"].startswith("RuntimeError") and "Timed out" in outs[0]["timeout"]
+
+
+def test_torchs_bf16_hook_is_refused_on_a_cpu_build():
+    message = spawn(ddp_program.torch_bf16_refusal, 2, backend="gloo")[0]
+    if torch.version.cuda is None and torch.version.hip is None:
+        assert message.startswith("TypeError") and "NCCL" in message
