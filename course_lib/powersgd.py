@@ -26,7 +26,10 @@ Two differences from torch's hook, both on purpose:
    another issues bucket 0's Q all-reduce: the collectives pair up wrongly (on gloo: a "collective
    mismatch" abort, a hang, or a closed connection). Here the hook waits for its own all-reduces,
    so collectives follow DDP's bucket order, which is the same on every rank. The price is that
-   communication does not overlap the rest of the backward pass.
+   communication does not overlap the rest of the backward pass. ``ordered_powerSGD_hook`` gets
+   the overlap back without giving up the order: it hands each bucket to one communication thread
+   per process, which runs ``powerSGD_hook`` on the buckets one at a time, in the order DDP handed
+   them over, while backward goes on.
 2. **Memory follows parameters, not bucket indices.** DDP lays buckets out in parameter order for
    a new model's first iteration and rebuilds them in gradient-ready order afterwards; torch keys
    its error and Q memory by bucket index, so after a checkpoint resume they land on the wrong
@@ -36,6 +39,8 @@ Two differences from torch's hook, both on purpose:
 
 import logging
 import math
+import queue
+import threading
 import weakref
 from dataclasses import dataclass
 
@@ -49,6 +54,7 @@ from course_lib.lowrank import orthogonalize_, power_step_p, power_step_qt
 __all__ = [
     "PowerSGDState",
     "powerSGD_hook",
+    "ordered_powerSGD_hook",
     "batched_powerSGD_hook",
     "should_compress",
     "error_feedback_step",
@@ -115,6 +121,7 @@ class PowerSGDState:
         "next_stats_report",
         "_keys",
         "_next_key",
+        "__weakref__",  # ordered_powerSGD_hook finds its thread by the state, without keeping it alive
     ]
 
     def __init__(self, process_group=None, matrix_approximation_rank: int = 1, start_powerSGD_iter: int = 1_000,
@@ -432,6 +439,53 @@ def powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.future
         remember_error(state, keys, grads, before_compression - buffer)
     state.maybe_increase_iter(bucket)
     return hooks.completed_future(buffer)
+
+
+class _OrderedWorker:
+    """One thread that runs a blocking hook on each bucket put in ``jobs``, one at a time, first in
+    first out, and completes the bucket's future with the result (or the exception)."""
+
+    def __init__(self):
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="ordered_powerSGD_hook", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:  # the state is gone: no more buckets will come
+                return
+            hook, state, bucket, future = job
+            try:
+                future.set_result(hook(state, bucket).wait())
+            except Exception as e:  # the rank that raised reports it; DDP re-raises it from backward
+                future.set_exception(e)
+
+
+# One worker per state, kept beside it (a thread cannot be pickled with the state); when the state
+# is garbage-collected, its entry goes and its thread is told to end.
+_workers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def ordered_powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """:func:`powerSGD_hook`, run on a communication thread so that backward goes on meanwhile.
+
+    DDP calls a hook bucket by bucket, in the same order on every rank. This hook only queues the
+    bucket and returns a future; one thread per process (per state) takes the buckets from the
+    queue in that order and runs the blocking hook on each. So every rank issues the same
+    collectives in the same order, whatever the timing, unlike torch's hook, whose collectives are
+    issued from callbacks of other collectives; and the numbers are those of ``powerSGD_hook``,
+    which does the same work on the same state in the same order. DDP waits for the futures at the
+    end of backward, before the optimizer step.
+    """
+    worker = _workers.get(state)
+    if worker is None:
+        worker = _workers[state] = _OrderedWorker()
+        weakref.finalize(state, worker.jobs.put, None)
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    worker.jobs.put((powerSGD_hook, state, bucket, future))
+    return future
+
 
 
 def batched_powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -37,8 +37,8 @@ from course_lib.support.digits import batch_slice, digits_tensors, mlp
 __all__ = ["HOOKS", "TrainConfig", "TrainResult", "make_hook", "ddp_train", "train_several", "Outcome",
            "try_training", "bucket_layouts", "main"]
 
-HOOKS = ("allreduce", "fp16", "bf16", "powersgd", "batched_powersgd", "torch_powersgd", "torch_batched_powersgd",
-         "noop")
+HOOKS = ("allreduce", "fp16", "bf16", "powersgd", "ordered_powersgd", "batched_powersgd", "torch_powersgd",
+         "torch_batched_powersgd", "noop")
 
 # torch's PowerSGD state logs a warning on every pickling, in every rank: noise in a notebook
 logging.getLogger(torch_psgd.__name__).setLevel(logging.ERROR)
@@ -123,7 +123,9 @@ def make_hook(config: TrainConfig, process_group=None):
     state_args = dict(process_group=process_group, matrix_approximation_rank=config.matrix_approximation_rank,
                       start_powerSGD_iter=config.start_powerSGD_iter, use_error_feedback=config.use_error_feedback,
                       warm_start=config.warm_start, random_seed=config.seed)
-    module = powersgd if config.hook in ("powersgd", "batched_powersgd") else torch_psgd
+    module = powersgd if config.hook in ("powersgd", "ordered_powersgd", "batched_powersgd") else torch_psgd
+    if config.hook == "ordered_powersgd":
+        return module.PowerSGDState(**state_args), powersgd.ordered_powerSGD_hook
     hook = module.batched_powerSGD_hook if "batched" in config.hook else module.powerSGD_hook
     return module.PowerSGDState(**state_args), hook
 

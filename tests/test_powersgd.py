@@ -183,3 +183,31 @@ def test_try_training_reports_a_workers_exception():
     # start_powerSGD_iter=1 with error feedback is refused in PowerSGDState, inside the workers
     outcome = try_training(TrainConfig(hook="powersgd", start_powerSGD_iter=1, steps=2), timeout_s=60)
     assert outcome.kind == "raised ValueError" and "start_powerSGD_iter" in outcome.detail
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_ordered_hook_overlaps_yet_gives_the_blocking_hooks_numbers(world_size):
+    # many buckets (0.05 MB against a 0.5 MB model), where torch's hook mismatches its collectives;
+    # the ordered hook runs three times in the same processes, then the blocking hook once
+    base = TrainConfig(steps=20, start_powerSGD_iter=3, matrix_approximation_rank=2, hidden=256, depth=2,
+                       bucket_cap_mb=0.05, lr=0.1, batch_size=60, record_params=True, eval_every=100)
+    configs = [replace(base, hook="ordered_powersgd")] * 3 + [replace(base, hook="powersgd")]
+    outs = spawn(train_several, world_size, configs, backend="gloo", timeout_s=240)
+    blocking = outs[0][3]
+    assert blocking.compression_stats[0] > 2  # it did compress
+    for rank, runs in enumerate(outs):
+        for run, ordered in enumerate(runs[:3]):
+            worst = max(_rel(a, b) for a, b in zip(ordered.params, blocking.params))
+            assert worst < 1e-5, f"rank {rank} run {run}: relative difference {worst:.2e} from the blocking hook"
+            assert ordered.bytes == blocking.bytes
+            for a, b in zip(ordered.final_params, outs[0][run].final_params):
+                assert torch.equal(a, b), f"rank {rank} run {run} differs from rank 0"
+
+
+def test_ordered_hook_resumes_from_a_checkpoint():
+    cfg = TrainConfig(hook="ordered_powersgd", steps=20, start_powerSGD_iter=3, hidden=128, bucket_cap_mb=0.05,
+                      lr=0.1, eval_every=100)
+    straight, resumed = spawn(train_several, 2, [cfg, replace(cfg, resume_at=12)], backend="gloo")[0]
+    for a, b in zip(straight.final_params, resumed.final_params):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert straight.bytes == resumed.bytes
