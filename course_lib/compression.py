@@ -91,6 +91,7 @@ class Compressor:
 
     summable = False  # True when the sum of the ranks' payloads decompresses to the sum of their tensors
     unbiased = False  # True when the mean of many decompressed draws is the tensor
+    variable_size = False  # True when the payload's size depends on the data (not only on numel)
 
     def __init__(self, seed: int = 0):
         self.seed = seed
@@ -178,6 +179,8 @@ class Threshold(Compressor):
     How many are kept depends on the gradient, so the payload's size does too: ``wire_bytes(numel,
     kept)`` needs the count (``len(payload[0])``); with ``kept=None`` it is the most it can be.
     """
+
+    variable_size = True
 
     def __init__(self, value: float, seed: int = 0):
         super().__init__(seed)
@@ -350,7 +353,7 @@ def communicate(compressor: Compressor, payload: list[torch.Tensor], ctx, proces
 
     ``how="allreduce"``: sum the payloads (only for summable compressors), decompress once.
     ``how="allgather"``: gather every rank's payload, decompress each, average. Payloads whose size
-    depends on the data (``Threshold``) first gather their sizes (one int64 each) and are padded to
+    depends on the data (``variable_size``: ``Threshold``) first gather their sizes (one int64 each) and are padded to
     the largest. Every tensor sent goes through ``hooks`` and is counted in ``hooks.traffic``.
     """
     group = process_group if process_group is not None else dist.group.WORLD
@@ -365,7 +368,7 @@ def communicate(compressor: Compressor, payload: list[torch.Tensor], ctx, proces
         return compressor.decompress(summed, ctx) / world_size
     if how != "allgather":
         raise ValueError(f"how must be 'allreduce' or 'allgather', got {how!r}")
-    if isinstance(compressor, Threshold):
+    if compressor.variable_size:
         kept = hooks.all_gather_counted(torch.tensor([payload[0].numel()], device=payload[0].device), group)
         counts = [int(k) for k in kept]
         padded = [torch.cat([t, t.new_zeros(max(counts) - t.numel())]) for t in payload]

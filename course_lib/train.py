@@ -333,11 +333,10 @@ def hook_timeline(rank: int, world_size: int, config: TrainConfig,
     thread that issued it. The rest of ``config`` (model, buckets, PowerSGD's arguments) applies to
     every hook.
     """
-    base = config
     x, y, _, _ = digits_tensors(seed=0)
     runs = {}
     for name in hook_names:
-        c = dataclasses.replace(base, hook=name)
+        c = dataclasses.replace(config, hook=name)
         model = DDP(mlp(hidden=c.hidden, depth=c.depth, seed=c.seed, n_in=c.n_in), bucket_cap_mb=c.bucket_cap_mb)
         model.register_comm_hook(*make_hook(c))
         ready: list = []
@@ -346,8 +345,8 @@ def hook_timeline(rank: int, world_size: int, config: TrainConfig,
                 lambda p, pname=pname, ready=ready: ready.append((pname, time.perf_counter())))
         runs[name] = {"model": model, "ready": ready, "opt": torch.optim.SGD(model.parameters(), lr=c.lr),
                       "step_s": []}
-    for step in range(base.steps):
-        idx = batch_slice(step, base.batch_size, len(x), rank, world_size)
+    for step in range(config.steps):
+        idx = batch_slice(step, config.batch_size, len(x), rank, world_size)
         for run in runs.values():
             dist.barrier()
             hooks.traffic.reset()
@@ -365,7 +364,7 @@ def hook_timeline(rank: int, world_size: int, config: TrainConfig,
             for pname, at in run["ready"]:
                 events.append(Event("backward", pname, previous, at))
                 previous = at
-            events += [Event("all_reduce", c.thread, c.start_s, c.end_s) for c in collectives]
+            events += [Event("all_reduce", done.thread, done.start_s, done.end_s) for done in collectives]
             run["step_start_s"], run["events"] = start, events
     hooks.traffic.reset()
     return {name: {k: run[k] for k in ("step_start_s", "events", "step_s")} for name, run in runs.items()}
