@@ -25,6 +25,7 @@ al. 2017). PowerSGD, the low-rank one, is ``course_lib.powersgd``.
 """
 
 import math
+import time
 
 import torch
 import torch.distributed as dist
@@ -46,9 +47,14 @@ __all__ = [
     "payload_bytes",
     "ErrorFeedback",
     "NoMemory",
+    "DGCMemory",
+    "DensityWarmUp",
+    "exchange",
+    "combine",
     "communicate",
     "CompressionState",
     "compression_hook",
+    "dgc_state",
 ]
 
 
@@ -316,7 +322,34 @@ class BF16(_Cast):
 
 # --- error feedback: a memory any compressor can use -----------------------------------------------
 
-class ErrorFeedback:
+def _pieces(key, numel: int) -> tuple:
+    # A key that is a layout, ((parameter key, numel), ...), is kept piece by piece; any other key whole.
+    if isinstance(key, tuple) and key and all(isinstance(k, tuple) and len(k) == 2 for k in key):
+        return key
+    return ((key, numel),)
+
+
+class _Memory:
+    """Tensors kept between steps, per parameter when the key is a layout ``((key, numel), ...)``:
+    the hook passes its bucket's layout, so what is kept follows the parameters when DDP rebuilds
+    its buckets in another order after the first iteration."""
+
+    @staticmethod
+    def _get(store: dict, key, numel: int) -> torch.Tensor | None:
+        pieces = _pieces(key, numel)
+        if any(k not in store for k, _ in pieces):
+            return None
+        return torch.cat([store[k] for k, _ in pieces]) if len(pieces) > 1 else store[pieces[0][0]]
+
+    @staticmethod
+    def _put(store: dict, key, flat: torch.Tensor) -> None:
+        offset = 0
+        for k, n in _pieces(key, flat.numel()):
+            store[k] = flat[offset: offset + n]
+            offset += n
+
+
+class ErrorFeedback(_Memory):
     """Error feedback (memory): what compression left out of a tensor is added to it next time.
 
     ``compensate(key, tensor)`` returns tensor + what was left out last time; after compressing,
@@ -328,11 +361,11 @@ class ErrorFeedback:
         self.memory: dict = {}
 
     def compensate(self, key, tensor: torch.Tensor) -> torch.Tensor:
-        error = self.memory.get(key)
-        return tensor + error if error is not None else tensor.clone()
+        error = self._get(self.memory, key, tensor.numel())
+        return tensor + error.view_as(tensor) if error is not None else tensor.clone()
 
     def update(self, key, corrected: torch.Tensor, sent: torch.Tensor) -> None:
-        self.memory[key] = corrected - sent
+        self._put(self.memory, key, (corrected - sent).flatten())
 
 
 class NoMemory:
@@ -345,19 +378,85 @@ class NoMemory:
         pass
 
 
+class DGCMemory(_Memory):
+    """Deep Gradient Compression's memory (Lin et al., ICLR 2018), for top-k with momentum SGD.
+
+    Plain error feedback keeps what was not sent and adds it to the next gradient; momentum is then
+    applied by the optimizer to the *sparse* update, after the fact. DGC moves momentum before the
+    sparsification, into each rank's memory (**momentum correction**)::
+
+        u = momentum * u + g          # the rank's own velocity
+        v = v + u                     # accumulated velocity: what top-k chooses from
+        send top-k of v;  v = v - sent
+
+    so that what is eventually sent is the momentum SGD update (train with the optimizer's
+    ``momentum=0``). Two more pieces: **local gradient clipping** scales g so that its norm is at
+    most ``clip_norm / sqrt(world_size)`` before it is added (the bucket's norm: the whole model when
+    it fits one bucket); **momentum-factor masking** zeroes u where an entry was sent, so that a
+    stale velocity does not keep pushing an entry that has just been applied. ``momentum=0`` without
+    clipping and masking is plain error feedback.
+    """
+
+    def __init__(self, momentum: float = 0.9, clip_norm: float | None = None, masking: bool = True,
+                 world_size: int | None = None):
+        if not 0 <= momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), e.g. 0.9; got {momentum}")
+        if clip_norm is not None and clip_norm <= 0:
+            raise ValueError(f"clip_norm is a gradient norm: > 0, or None for no clipping; got {clip_norm}")
+        self.momentum, self.clip_norm, self.masking, self.world_size = momentum, clip_norm, masking, world_size
+        self.velocity: dict = {}  # u
+        self.memory: dict = {}  # v, after what was sent is taken out
+
+    def compensate(self, key, tensor: torch.Tensor) -> torch.Tensor:
+        g = tensor.flatten()
+        if self.clip_norm is not None:
+            world_size = self.world_size if self.world_size is not None else dist.get_world_size()
+            limit, norm = self.clip_norm / math.sqrt(world_size), g.norm()
+            g = g * (limit / norm) if norm > limit else g
+        u = self._get(self.velocity, key, g.numel())
+        u = g.clone() if u is None else self.momentum * u + g
+        self._put(self.velocity, key, u)
+        v = self._get(self.memory, key, g.numel())
+        return (u.clone() if v is None else v + u).view_as(tensor)
+
+    def update(self, key, corrected: torch.Tensor, sent: torch.Tensor) -> None:
+        self._put(self.memory, key, (corrected - sent).flatten())
+        if self.masking:
+            u = self._get(self.velocity, key, sent.numel())
+            self._put(self.velocity, key, u.masked_fill(sent.flatten() != 0, 0.0))
+
+
+class DensityWarmUp:
+    """DGC's warm-up of the density (the fraction of entries sent): over the first ``warmup_steps``
+    steps, ``stages`` equal stages at 25%, 6.25%, 1.5625%, 0.39%, ... (each a quarter of the one
+    before, never below ``final``), then ``final``. Lin et al. warm up over 4 epochs to 0.1%."""
+
+    def __init__(self, final: float, warmup_steps: int = 0, stages: int = 4):
+        _check_ratio(final)
+        if warmup_steps < 0 or stages < 1:
+            raise ValueError(f"warmup_steps must be >= 0 and stages >= 1, got {warmup_steps} and {stages}")
+        self.final, self.warmup_steps, self.stages = final, warmup_steps, stages
+
+    def __call__(self, step: int) -> float:
+        if step >= self.warmup_steps:
+            return self.final
+        stage = step * self.stages // self.warmup_steps
+        return max(self.final, 0.25 ** (stage + 1))
+
+    def __repr__(self):
+        return f"DensityWarmUp({self.final}, warmup_steps={self.warmup_steps}, stages={self.stages})"
+
+
 # --- communication: by what the payload allows -----------------------------------------------------
 
-def communicate(compressor: Compressor, payload: list[torch.Tensor], ctx, process_group=None,
-                how: str = "allreduce") -> torch.Tensor:
-    """The mean over the group's ranks of their decompressed payloads, every rank the same.
-
-    ``how="allreduce"``: sum the payloads (only for summable compressors), decompress once.
-    ``how="allgather"``: gather every rank's payload, decompress each, average. Payloads whose size
-    depends on the data (``variable_size``: ``Threshold``) first gather their sizes (one int64 each) and are padded to
-    the largest. Every tensor sent goes through ``hooks`` and is counted in ``hooks.traffic``.
+def exchange(compressor: Compressor, payload: list[torch.Tensor], process_group=None,
+             how: str = "allreduce") -> list[list[torch.Tensor]]:
+    """Send this rank's payload; what came back: ``[summed payload]`` after an all-reduce (summable
+    compressors only), or every rank's payload in rank order after an all-gather. Payloads whose size
+    depends on the data (``variable_size``: ``Threshold``) first gather their sizes (one int64 each)
+    and are padded to the largest. Every tensor sent goes through ``hooks``, counted in ``hooks.traffic``.
     """
     group = process_group if process_group is not None else dist.group.WORLD
-    world_size = group.size()
     if how == "allreduce":
         if not compressor.summable:
             raise ValueError(f"{compressor!r} payloads cannot be summed (each rank keeps other entries or its "
@@ -365,7 +464,7 @@ def communicate(compressor: Compressor, payload: list[torch.Tensor], ctx, proces
         summed = [t.clone() for t in payload]
         for t in summed:
             hooks.all_reduce_counted(t, group)
-        return compressor.decompress(summed, ctx) / world_size
+        return [summed]
     if how != "allgather":
         raise ValueError(f"how must be 'allreduce' or 'allgather', got {how!r}")
     if compressor.variable_size:
@@ -373,15 +472,31 @@ def communicate(compressor: Compressor, payload: list[torch.Tensor], ctx, proces
         counts = [int(k) for k in kept]
         padded = [torch.cat([t, t.new_zeros(max(counts) - t.numel())]) for t in payload]
         gathered = [hooks.all_gather_counted(t, group) for t in padded]
-        per_rank = [[g[r][: counts[r]] for g in gathered] for r in range(world_size)]
-    else:
-        gathered = [hooks.all_gather_counted(t, group) for t in payload]
-        per_rank = [[g[r] for g in gathered] for r in range(world_size)]
+        return [[g[r][: counts[r]] for g in gathered] for r in range(group.size())]
+    gathered = [hooks.all_gather_counted(t, group) for t in payload]
+    return [[g[r] for g in gathered] for r in range(group.size())]
+
+
+def combine(compressor: Compressor, received: list[list[torch.Tensor]], ctx, world_size: int) -> torch.Tensor:
+    """The mean over ``world_size`` ranks, from what :func:`exchange` returned: one summed payload
+    decompressed once, or every rank's decompressed and averaged (signSGD with ``"majority"``: the
+    sign of the sum of signs, times the mean scale)."""
+    if len(received) == 1:  # summed by an all-reduce (or a group of one)
+        return compressor.decompress(received[0], ctx) / world_size
     if isinstance(compressor, SignSGD) and compressor.aggregate == "majority":
-        votes = sum(compressor.signs(p, ctx) for p in per_rank)
-        scale = sum(p[0] for p in per_rank) / world_size
+        votes = sum(compressor.signs(p, ctx) for p in received)
+        scale = sum(p[0] for p in received) / world_size
         return (scale * torch.sign(votes)).view(ctx)
-    return sum(compressor.decompress(p, ctx) for p in per_rank) / world_size
+    return sum(compressor.decompress(p, ctx) for p in received) / world_size
+
+
+def communicate(compressor: Compressor, payload: list[torch.Tensor], ctx, process_group=None,
+                how: str = "allreduce") -> torch.Tensor:
+    """The mean over the group's ranks of their decompressed payloads, every rank the same:
+    :func:`exchange`, then :func:`combine`. ``how="allreduce"`` sums the payloads (summable
+    compressors only) and decompresses once; ``how="allgather"`` gathers every rank's payload."""
+    group = process_group if process_group is not None else dist.group.WORLD
+    return combine(compressor, exchange(compressor, payload, group, how), ctx, group.size())
 
 
 # --- the DDP communication hook ---------------------------------------------------------------------
@@ -391,12 +506,19 @@ class CompressionState:
     communicate default to what fits it.
 
     ``memory``: ``"auto"`` gives :class:`ErrorFeedback` to biased compressors (top-k, threshold,
-    signSGD) and none to unbiased ones and 16-bit casts; or pass ``ErrorFeedback()`` / ``NoMemory()``.
+    signSGD) and none to unbiased ones and 16-bit casts; or pass ``ErrorFeedback()``, ``NoMemory()``
+    or ``DGCMemory(...)``.
     ``communicator``: ``"auto"`` all-reduces summable payloads and all-gathers the others.
     ``process_group``: the ranks that average (None: all of them).
+    ``density``: for sparsifiers, a function of the step giving the ratio to keep (e.g.
+    :class:`DensityWarmUp`); None keeps the compressor's own.
+
+    It counts as it goes: ``iteration`` (steps seen: one per last bucket) and ``codec_s``, the seconds
+    spent compressing and decompressing (memory included; collectives not).
     """
 
-    def __init__(self, compressor: Compressor, memory="auto", communicator: str = "auto", process_group=None):
+    def __init__(self, compressor: Compressor, memory="auto", communicator: str = "auto", process_group=None,
+                 density=None):
         if not isinstance(compressor, Compressor):
             raise TypeError(f"the first argument is a compressor, e.g. CompressionState(TopK(0.01)); "
                             f"got {type(compressor).__name__}")
@@ -411,8 +533,13 @@ class CompressionState:
         if communicator == "allreduce" and not compressor.summable:
             raise ValueError(f"{compressor!r} cannot be all-reduced: its payloads do not line up across ranks; "
                              f"use communicator='allgather' (or 'auto')")
+        if density is not None and not isinstance(compressor, _Sparsifier):
+            raise ValueError(f"density sets the ratio of a sparsifier (TopK, RandomK); {compressor!r} has none")
         self.communicator = communicator
         self.process_group = process_group
+        self.density = density
+        self.iteration = 0
+        self.codec_s = 0.0
 
 
 def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -420,14 +547,35 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
     exchange the payloads as the state says, and hand DDP the mean of what every rank sent.
 
     Every collective is issued inside the hook call, in DDP's bucket order, so the ranks' collectives
-    pair up whatever the timing. Memory is keyed by the bucket's parameters, not its index, so it
-    follows them when DDP rebuilds its buckets.
+    pair up whatever the timing. Memory is kept per parameter, not per bucket, so it follows the
+    parameters when DDP rebuilds its buckets in another order after the first iteration.
     """
-    buffer = bucket.buffer()
-    key = tuple(id(p) for p in bucket.parameters())
+    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    compressor, buffer = state.compressor, bucket.buffer()
+    if state.density is not None:
+        compressor.ratio = state.density(state.iteration)
+    start = time.perf_counter()
+    key = tuple((id(p), p.numel()) for p in bucket.parameters())  # the layout: memory is kept per parameter
     corrected = state.memory.compensate(key, buffer)
-    payload, ctx = state.compressor.compress(corrected)
-    sent = state.compressor.decompress([t.clone() for t in payload], ctx)  # what this rank contributes
+    payload, ctx = compressor.compress(corrected)
+    sent = compressor.decompress([t.clone() for t in payload], ctx)  # what this rank contributes
     state.memory.update(key, corrected, sent)
-    buffer.copy_(communicate(state.compressor, payload, ctx, state.process_group, state.communicator))
+    encoded = time.perf_counter()
+    received = exchange(compressor, payload, group, state.communicator)
+    decoding = time.perf_counter()
+    buffer.copy_(combine(compressor, received, ctx, group.size()))
+    state.codec_s += (encoded - start) + (time.perf_counter() - decoding)
+    if bucket.is_last():
+        state.iteration += 1
     return hooks.completed_future(buffer)
+
+
+def dgc_state(density: float = 0.001, momentum: float = 0.9, clip_norm: float | None = None, masking: bool = True,
+              warmup_steps: int = 0, process_group=None) -> CompressionState:
+    """Deep Gradient Compression as a :class:`CompressionState`: top-k at ``density`` (after a warm-up
+    over ``warmup_steps``, :class:`DensityWarmUp`), with :class:`DGCMemory` (momentum correction,
+    local clipping, momentum-factor masking) and an all-gather. Train with the optimizer's
+    momentum at 0: the momentum is in the memory."""
+    return CompressionState(TopK(density), memory=DGCMemory(momentum, clip_norm, masking),
+                            communicator="allgather", process_group=process_group,
+                            density=DensityWarmUp(density, warmup_steps) if warmup_steps else None)

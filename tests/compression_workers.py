@@ -70,3 +70,34 @@ def train_and_compare_ranks(rank, world_size, names, steps=6):
             opt.step()
         out[name] = torch.cat([p.detach().flatten() for p in model.parameters()])
     return out
+
+
+def dgc_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+def dgc_batch(step, rank):
+    """The inputs of one rank at one step (the test's reference draws the same)."""
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+
+
+def train_dgc(rank, world_size, steps, lr, state_kwargs):
+    """SGD (momentum 0: DGC's momentum lives in the hook) through DDP with dgc_state (or, with
+    ``state_kwargs={"topk": ratio}``, plain top-k with ErrorFeedback); the flat parameters after every step."""
+    model = DDP(dgc_net())
+    if "topk" in state_kwargs:
+        state = C.CompressionState(C.TopK(state_kwargs["topk"]), memory=C.ErrorFeedback())
+    else:
+        state = C.dgc_state(**state_kwargs)
+    model.register_comm_hook(state, C.compression_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    trajectory = []
+    for step in range(steps):
+        x, y = dgc_batch(step, rank)
+        opt.zero_grad()
+        (model(x) - y).square().mean().backward()
+        opt.step()
+        trajectory.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    return {"trajectory": trajectory, "iteration": state.iteration, "codec_s": state.codec_s}
