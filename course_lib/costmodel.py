@@ -30,7 +30,8 @@ import torch
 
 __all__ = ["ALGORITHMS", "alpha_beta_time", "fit_alpha_beta", "BUS_FACTORS", "bus_factor", "ring_all_reduce_time",
            "ring_crossover_bytes", "fit_ring_all_reduce", "predict_step_time", "Interconnect",
-           "INTERCONNECTS"]
+           "INTERCONNECTS", "collective_time", "fit_collective", "predict_compressed_step_time",
+           "break_even_bandwidth"]
 
 ALGORITHMS = ("naive_all_reduce", "tree_broadcast", "tree_reduce", "ring_all_reduce")
 
@@ -128,6 +129,73 @@ def predict_step_time(compute_s: float, nbytes: float, collectives: int, world_s
     latency = ring_all_reduce_time(0, world_size, alpha_s, busbw_GBps)  # 2(p-1) alpha, paid per all-reduce
     bandwidth = ring_all_reduce_time(nbytes, world_size, alpha_s, busbw_GBps) - latency  # paid per byte
     return compute_s + collectives * latency + bandwidth
+
+
+def collective_time(op: str, nbytes: float, world_size: int, alpha_s: float, busbw_GBps: float) -> float:
+    """Seconds of one ring collective in which each rank contributes ``nbytes``, on links of ``busbw_GBps``.
+
+    * ``"all_reduce"``: ``2(p-1) alpha + 2(p-1)/p * n / busbw`` (:func:`ring_all_reduce_time`);
+    * ``"all_gather"``: ``(p-1) alpha + (p-1) * n / busbw``: each rank receives the p - 1 other
+      payloads whole, so its time grows with p where the all-reduce's stays near ``2 n / busbw``.
+    """
+    if op == "all_reduce":
+        return ring_all_reduce_time(nbytes, world_size, alpha_s, busbw_GBps)
+    if op == "all_gather":
+        return (world_size - 1) * (alpha_s + nbytes / (busbw_GBps * 1e9))
+    raise ValueError(f"unknown collective {op!r}: use 'all_reduce' or 'all_gather'")
+
+
+def fit_collective(rows: list[dict], op: str, world_size: int) -> tuple[float, float]:
+    """alpha (s) and bus bandwidth (GB/s) of ``op`` fitted to measured ``rows`` (``course_lib.bandwidth``:
+    ``size_bytes`` is the whole buffer, p payloads for an all-gather), so that :func:`collective_time`
+    reproduces them."""
+    if op == "all_reduce":
+        return fit_ring_all_reduce(rows, world_size)
+    if op != "all_gather":
+        raise ValueError(f"unknown collective {op!r}: use 'all_reduce' or 'all_gather'")
+    if world_size < 2:
+        raise ValueError(f"an all-gather needs world_size >= 2 to be fitted, got {world_size}")
+    # time = (p-1) alpha + (p-1)/p * N / busbw for a buffer of N = p n bytes
+    intercept, slope = fit_alpha_beta([r["size_bytes"] for r in rows], [r["time_s"] for r in rows])
+    busbw = bus_factor("all_gather", world_size) / slope / 1e9 if slope > 0 else float("inf")
+    return intercept / (world_size - 1), busbw
+
+
+def predict_compressed_step_time(compute_s: float, codec_s: float, collectives, world_size: int,
+                                 links: dict, overlap_s: float = 0.0) -> float:
+    """Seconds per step of a compressed hook: compute, encode + decode, and the communication that
+    computation does not hide.
+
+    ``collectives``: ``[(op, nbytes), ...]`` issued per step (what ``hooks.traffic.by_op`` counts);
+    ``links``: ``{op: (alpha_s, busbw_GBps)}`` (one link for both ops, or each op's own fit);
+    ``overlap_s``: the computation the communication can run behind. DDP starts a bucket's
+    all-reduce while backward goes on with the next bucket, so an asynchronous hook on many buckets
+    hides up to the rest of backward; a hook that compresses and communicates inside its call (as
+    :func:`course_lib.compression.compression_hook` does) or a single bucket hides nothing: 0.
+    """
+    comm = sum(collective_time(op, nbytes, world_size, *links[op]) for op, nbytes in collectives)
+    return compute_s + codec_s + max(0.0, comm - overlap_s)
+
+
+def break_even_bandwidth(method: dict, reference: dict, world_size: int, alpha_s: float) -> float:
+    """The link bandwidth (GB/s) below which ``method`` steps faster than ``reference``, both given as
+    the keyword arguments of :func:`predict_compressed_step_time` (``compute_s``, ``codec_s``,
+    ``collectives``, ``overlap_s``) on one link of latency ``alpha_s``. ``inf`` when the method is
+    faster at every bandwidth, ``0.0`` when at none (bisection in log space between 1 MB/s and 1 PB/s)."""
+    def gap(busbw):
+        links = {"all_reduce": (alpha_s, busbw), "all_gather": (alpha_s, busbw)}
+        return (predict_compressed_step_time(world_size=world_size, links=links, **method)
+                - predict_compressed_step_time(world_size=world_size, links=links, **reference))
+
+    low, high = 1e-3, 1e6
+    if gap(high) < 0:
+        return float("inf")
+    if gap(low) >= 0:
+        return 0.0
+    for _ in range(200):
+        mid = math.sqrt(low * high)
+        low, high = (mid, high) if gap(mid) < 0 else (low, mid)
+    return math.sqrt(low * high)
 
 
 class Interconnect(NamedTuple):

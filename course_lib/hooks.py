@@ -53,6 +53,8 @@ class Traffic:
     def reset(self) -> None:
         self.collectives = 0
         self.bytes = 0
+        # the same, op by op: {"all_reduce": [collectives, bytes], "all_gather": [...]}
+        self.by_op: dict[str, list[int]] = {}
         # None, or a list that every all-reduce appends a Collective to (see record_timeline)
         self.timeline: list | None = None
 
@@ -80,14 +82,22 @@ class Collective(NamedTuple):
     end_s: float
 
 
+def _count(op: str, tensor: torch.Tensor) -> None:
+    nbytes = tensor.numel() * tensor.element_size()
+    traffic.collectives += 1
+    traffic.bytes += nbytes
+    tally = traffic.by_op.setdefault(op, [0, 0])
+    tally[0] += 1
+    tally[1] += nbytes
+
+
 def _group(process_group):
     return process_group if process_group is not None else dist.group.WORLD
 
 
 def all_reduce_counted(tensor: torch.Tensor, group=None, async_op: bool = False):
     """``dist.all_reduce`` (sum) that adds to :data:`traffic`; the one door all hooks send through."""
-    traffic.collectives += 1
-    traffic.bytes += tensor.numel() * tensor.element_size()
+    _count("all_reduce", tensor)
     if traffic.timeline is not None:  # asked for by Traffic.record_timeline
         return _all_reduce_timed(tensor, _group(group), async_op)
     return dist.all_reduce(tensor, group=_group(group), async_op=async_op)
@@ -115,8 +125,7 @@ def all_gather_counted(tensor: torch.Tensor, group=None) -> list[torch.Tensor]:
     as the bytes this rank hands over, as :func:`all_reduce_counted` counts them; every rank's
     tensor, in rank order. (A ring all-gather then moves (p - 1) / p of all p of them past each rank.)"""
     group = _group(group)
-    traffic.collectives += 1
-    traffic.bytes += tensor.numel() * tensor.element_size()
+    _count("all_gather", tensor)
     out = [torch.empty_like(tensor) for _ in range(group.size())]
     dist.all_gather(out, tensor, group=group)
     return out

@@ -30,16 +30,18 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_psgd
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course_lib import hooks, powersgd
+from course_lib import compression, hooks, powersgd
 from course_lib.data_parallel import Event
 from course_lib.launch import WorkerError, init_from_env, report_progress, spawn, worker_device
 from course_lib.support.digits import batch_slice, digits_tensors, mlp
 
-__all__ = ["HOOKS", "TrainConfig", "TrainResult", "make_hook", "ddp_train", "train_several", "Outcome",
-           "try_training", "bucket_layouts", "hook_timeline", "main"]
+__all__ = ["HOOKS", "COMPRESSION_HOOKS", "TrainConfig", "TrainResult", "make_hook", "ddp_train", "train_several",
+           "Outcome", "try_training", "bucket_layouts", "hook_timeline", "main"]
 
 HOOKS = ("allreduce", "fp16", "bf16", "powersgd", "ordered_powersgd", "batched_powersgd", "torch_powersgd",
-         "torch_batched_powersgd", "noop")
+         "torch_batched_powersgd", "noop") + ("topk", "randomk", "threshold", "qsgd", "signsgd", "terngrad", "dgc")
+# the hooks built from course_lib.compression (compression_hook with one compressor each)
+COMPRESSION_HOOKS = HOOKS[9:]
 
 # torch's PowerSGD state logs a warning on every pickling, in every rank: noise in a notebook
 logging.getLogger(torch_psgd.__name__).setLevel(logging.ERROR)
@@ -61,6 +63,16 @@ class TrainConfig:
     orthogonalization_epsilon: float = 0.0
     batch_tensors_with_same_shape: bool = False
     compression_stats_logging_frequency: int = 10_000
+    # course_lib.compression's hooks (topk, randomk, threshold, qsgd, signsgd, terngrad, dgc)
+    ratio: float = 0.01  # the fraction of entries topk and randomk send; dgc's density after its warm-up
+    threshold: float = 0.01  # threshold's magnitude
+    levels: int = 16  # qsgd's levels
+    sign_aggregate: str = "mean"  # signsgd: "mean" or "majority"
+    memory: str = "auto"  # "auto" (error feedback for the biased compressors), "error_feedback" or "none"
+    dgc_momentum: float = 0.9  # dgc's momentum correction (train with momentum=0: it is in the hook)
+    clip_norm: float = 0.0  # dgc's local gradient clipping (0: none)
+    momentum_masking: bool = True  # dgc's momentum-factor masking
+    warmup_steps: int = 0  # dgc's density warm-up: 25%, 6.25%, 1.56%, 0.39% over these steps, then ratio
     # the hook's process group: "world" (every rank; None, the default group) or "self" (each rank
     # a group of its own, so nothing is averaged: what the process_group argument decides, shown)
     hook_group: str = "world"
@@ -93,6 +105,11 @@ class TrainConfig:
             raise ValueError(f"compress_wrapper must be None, 'fp16' or 'bf16', got {self.compress_wrapper!r}")
         if self.hook_group not in ("world", "self"):
             raise ValueError(f"hook_group must be 'world' or 'self', got {self.hook_group!r}")
+        if self.memory not in ("auto", "error_feedback", "none"):
+            raise ValueError(f"memory must be 'auto', 'error_feedback' or 'none', got {self.memory!r}")
+        if self.hook == "dgc" and self.momentum and self.dgc_momentum:
+            raise ValueError("dgc applies momentum inside the hook (momentum correction): train it with momentum=0, "
+                             "or set dgc_momentum=0 to leave momentum to the optimizer")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1 or None, got {self.threads}")
 
@@ -104,6 +121,7 @@ class TrainResult:
     loss: list[float] = field(default_factory=list)  # training loss of the global batch
     bytes: list[int] = field(default_factory=list)  # gradient bytes this rank's hook has sent so far
     collectives: list[int] = field(default_factory=list)  # and the collectives it has issued so far
+    by_op: list[dict] = field(default_factory=list)  # the same so far, op by op: {op: (collectives, bytes)}
     step_time_s: list[float] = field(default_factory=list)  # forward, backward, communication, update
     error_norm: list[float] = field(default_factory=list)  # PowerSGD's error-feedback memory, when kept
     grad_norm: list[float] = field(default_factory=list)  # the gradient the hook delivered (after the all-reduce)
@@ -112,6 +130,7 @@ class TrainResult:
     test_accuracy: list[float] = field(default_factory=list)
     test_loss: list[float] = field(default_factory=list)
     final_params: list[torch.Tensor] = field(default_factory=list)  # one tensor per parameter
+    codec_s: list[float] = field(default_factory=list)  # compression hooks: encode + decode seconds of the step
     compression_stats: tuple | None = None  # PowerSGDState.compression_stats() at the end
     log_lines: list[str] = field(default_factory=list)  # what the course's PowerSGD logged (INFO and up)
     threads: int = 0  # the compute threads this worker trained with
@@ -131,6 +150,8 @@ def make_hook(config: TrainConfig, process_group=None):
         return process_group, hooks.bf16_compress_hook
     if config.hook == "noop":
         return None, hooks.noop_hook
+    if config.hook in COMPRESSION_HOOKS:
+        return _compression_state(config, process_group), compression.compression_hook
     state_args = dict(process_group=process_group, matrix_approximation_rank=config.matrix_approximation_rank,
                       start_powerSGD_iter=config.start_powerSGD_iter, use_error_feedback=config.use_error_feedback,
                       warm_start=config.warm_start, random_seed=config.seed,
@@ -143,6 +164,22 @@ def make_hook(config: TrainConfig, process_group=None):
         return module.PowerSGDState(**state_args), powersgd.ordered_powerSGD_hook
     hook = module.batched_powerSGD_hook if "batched" in config.hook else module.powerSGD_hook
     return module.PowerSGDState(**state_args), hook
+
+
+def _compression_state(c: TrainConfig, process_group) -> compression.CompressionState:
+    if c.hook == "dgc":
+        return compression.dgc_state(c.ratio, c.dgc_momentum, c.clip_norm or None, c.momentum_masking, c.warmup_steps,
+                                     process_group)
+    # random-k draws the same entries on every rank (one seed); the others draw on their own
+    seed = c.seed if c.hook == "randomk" else 1000 * c.seed + 1 + dist.get_rank()
+    compressor = {"topk": lambda: compression.TopK(c.ratio, seed),
+                  "randomk": lambda: compression.RandomK(c.ratio, seed),
+                  "threshold": lambda: compression.Threshold(c.threshold, seed),
+                  "qsgd": lambda: compression.QSGD(c.levels, seed),
+                  "signsgd": lambda: compression.SignSGD(c.sign_aggregate, seed),
+                  "terngrad": lambda: compression.TernGrad(seed)}[c.hook]()
+    memory = {"auto": "auto", "error_feedback": compression.ErrorFeedback(), "none": compression.NoMemory()}[c.memory]
+    return compression.CompressionState(compressor, memory=memory, process_group=process_group)
 
 
 class _Lines(logging.Handler):
@@ -218,6 +255,7 @@ def _ddp_train(rank: int, world_size: int, config: TrainConfig, out: TrainResult
             buf.seek(0)
             model, state, opt = build(torch.load(buf, weights_only=False))
         idx = order[batch_slice(step, c.batch_size, len(x_train), rank, world_size)]
+        codec_before = getattr(state, "codec_s", 0.0)
         t0 = time.perf_counter()
         opt.zero_grad()
         loss = nn.functional.cross_entropy(model(x_train[idx]), y_train[idx])
@@ -226,12 +264,15 @@ def _ddp_train(rank: int, world_size: int, config: TrainConfig, out: TrainResult
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         out.step_time_s.append(time.perf_counter() - t0)
+        if hasattr(state, "codec_s"):
+            out.codec_s.append(state.codec_s - codec_before)
         # the loss of the global batch: average over ranks (not counted as hook traffic)
         avg = loss.detach().clone()
         dist.all_reduce(avg)
         out.loss.append(avg.item() / world_size)
         out.bytes.append(hooks.traffic.bytes)
         out.collectives.append(hooks.traffic.collectives)
+        out.by_op.append({op: tuple(tally) for op, tally in hooks.traffic.by_op.items()})
         # (after the timing; step() leaves .grad as the hook delivered it)
         out.grad_norm.append(sum(p.grad.double().square().sum().item() for p in model.parameters()) ** 0.5)
         errors = getattr(state, "error_dict", None)
@@ -381,6 +422,10 @@ def _argument_parser() -> argparse.ArgumentParser:
             ap.add_argument(flag, choices=HOOKS, default=f.default)
         elif f.type in (bool, "bool"):
             ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+        elif f.name == "sign_aggregate":
+            ap.add_argument(flag, choices=["mean", "majority"], default=f.default)
+        elif f.name == "memory":
+            ap.add_argument(flag, choices=["auto", "error_feedback", "none"], default=f.default)
         elif f.name == "compress_wrapper":
             ap.add_argument(flag, choices=["fp16", "bf16"], default=None)
         elif f.name in ("resume_at", "threads"):

@@ -89,3 +89,47 @@ def test_every_interconnect_says_where_its_number_comes_from():
         assert ic.busbw_GBps > 0 and 0 < ic.latency_s < 1e-3 and ic.source
         if name.endswith("Gb/s Ethernet"):  # a line rate, in GB/s
             assert ic.busbw_GBps == float(name.split()[0]) / 8
+
+
+def test_all_gather_time_grows_with_the_ranks_where_all_reduce_stays():
+    n, alpha, busbw = 1_000_000, 10e-6, 10.0
+    gather = [cm.collective_time("all_gather", n, p, alpha, busbw) for p in (2, 4, 8)]
+    reduce = [cm.collective_time("all_reduce", n, p, 0.0, busbw) for p in (2, 4, 8)]
+    assert gather == pytest.approx([alpha + n / 10e9, 3 * (alpha + n / 10e9), 7 * (alpha + n / 10e9)])
+    assert reduce == pytest.approx([n / 10e9, 1.5 * n / 10e9, 1.75 * n / 10e9])  # 2(p-1)/p n: below 2 n at any p
+    with pytest.raises(ValueError, match="all_gather"):
+        cm.collective_time("broadcast", n, 2, alpha, busbw)
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather"])
+@pytest.mark.parametrize("p", [2, 4])
+def test_fit_collective_recovers_alpha_and_busbw(op, p):
+    alpha, busbw = 40e-6, 2.0
+    # what course_lib.bandwidth reports: size_bytes is the whole buffer (p payloads for an all-gather)
+    rows = [{"size_bytes": size, "time_s": cm.collective_time(op, size / p if op == "all_gather" else size,
+                                                                     p, alpha, busbw)}
+            for size in (2**12, 2**16, 2**20, 2**24)]
+    got_alpha, got_busbw = cm.fit_collective(rows, op, p)
+    assert got_alpha == pytest.approx(alpha, rel=1e-6) and got_busbw == pytest.approx(busbw, rel=1e-6)
+
+
+def test_step_time_adds_compute_codec_and_unhidden_communication():
+    links = {"all_reduce": (0.0, 1.0), "all_gather": (0.0, 1.0)}  # 1 GB/s, no latency
+    t = cm.predict_compressed_step_time(0.010, 0.002, [("all_gather", 1e6)], 3, links)
+    assert t == pytest.approx(0.010 + 0.002 + 2 * 1e-3)
+    hidden = cm.predict_compressed_step_time(0.010, 0.0, [("all_reduce", 1e6)], 2, links, overlap_s=0.0005)
+    assert hidden == pytest.approx(0.010 + 1e-3 - 0.0005)
+    assert cm.predict_compressed_step_time(0.010, 0.0, [("all_reduce", 1e6)], 2, links, overlap_s=1) == 0.010
+
+
+def test_break_even_bandwidth_is_where_the_predictions_cross():
+    fp32 = {"compute_s": 0.002, "codec_s": 0.0, "collectives": [("all_reduce", 400_000)], "overlap_s": 0.0}
+    topk = {"compute_s": 0.002, "codec_s": 0.001, "collectives": [("all_gather", 8_000)], "overlap_s": 0.0}
+    b = cm.break_even_bandwidth(topk, fp32, 2, 1e-4)
+    # at p = 2: 2 alpha + 400 kB / B = 1 ms + alpha + 8 kB / B, so B = 392 kB / 0.9 ms
+    assert b == pytest.approx(392_000 / 0.9e-3 / 1e9, rel=1e-6)
+    assert cm.break_even_bandwidth(fp32, fp32 | {"compute_s": 1.0}, 2, 1e-4) == float("inf")
+    # nothing sent but 0.1 s of encoding: pays only where 2 alpha + 400 kB / B > 0.1 s
+    silent = fp32 | {"codec_s": 0.1, "collectives": []}
+    assert cm.break_even_bandwidth(silent, fp32, 2, 1e-4) == pytest.approx(400_000 / (0.1 - 2e-4) / 1e9, rel=1e-6)
+    assert cm.break_even_bandwidth(fp32 | {"compute_s": 1.0}, fp32, 2, 1e-4) == 0.0

@@ -1,10 +1,13 @@
 """Every instructor's answer in solutions/ passes its notebook's check, and the checks are not
 pushovers: the unsolved stub is refused."""
 
+import math
+
 import pytest
+import torch
 
 from course_lib.support import exercises as ex
-from solutions import nb00, nb01, nb02, nb03, nb04, nb05, nb07
+from solutions import nb00, nb01, nb02, nb03, nb04, nb05, nb06, nb07
 
 ANSWERS = [
     (ex.check_sum_of_squares, nb00.sum_of_squares),
@@ -25,6 +28,9 @@ ANSWERS = [
     (ex.check_should_compress, nb05.my_should_compress),
     (ex.check_error_feedback_step, nb05.my_error_feedback_step),
     (ex.check_numbers_per_step, nb05.my_numbers_per_step),
+    (ex.check_topk_allgather_bytes, nb06.my_topk_allgather_bytes),
+    (ex.check_random_k, nb06.my_random_k),
+    (ex.check_dgc_step, nb06.my_dgc_step),
     (ex.check_break_even_bandwidth, nb07.my_break_even_bandwidth),
     (ex.check_all_gather_busbw, nb07.my_all_gather_busbw),
 ]
@@ -65,4 +71,16 @@ def test_near_misses_fail(capsys):
     assert not ex.check_all_gather_busbw(lambda size, t, p: size / t / 1e9)  # algbw, not busbw
     assert not ex.check_break_even_bandwidth(lambda h, r, p, a: (r["bytes"] - h["bytes"]) / (
         h["compute_s"] - r["compute_s"]) / 1e9)  # latency and the ring factor forgotten
-    assert capsys.readouterr().out.count("[FAIL]") == 7
+    assert not ex.check_topk_allgather_bytes(lambda n, r, p: p * max(1, math.ceil(r * n)) * 8)  # its own counted
+    assert not ex.check_random_k(lambda x, idx: torch.zeros_like(x).index_copy(0, idx, x[idx]))  # not rescaled
+    assert not ex.check_dgc_step(_dgc_without_masking)
+    assert capsys.readouterr().out.count("[FAIL]") == 10
+
+
+def _dgc_without_masking(g, u, v, momentum, k):
+    u = momentum * u + g
+    v = v + u
+    chosen = v.abs().topk(k).indices
+    sent = torch.zeros_like(v)
+    sent[chosen] = v[chosen]
+    return sent, u, v - sent

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from course_lib import lowrank
@@ -73,3 +74,19 @@ def test_the_curve_is_the_svd_optimum_at_every_rank():
     assert ranks == list(range(1, 31))
     for r in (1, 2, 3, 10):
         assert abs(best[r - 1] - lowrank.svd_error(m["low"].double(), r)) < 1e-12
+
+
+def test_compression_slider_moves_the_verdict():
+    from course_lib.support.widgets import compression_explorer
+    fp32 = {"compute_s": 0.002, "codec_s": 0.0, "collectives": [("all_reduce", 400_000)], "overlap_s": 0.0}
+    topk = {"compute_s": 0.002, "codec_s": 0.001, "collectives": [("all_gather", 8_000)], "overlap_s": 0.0}
+    w = compression_explorer({"fp32 all-reduce": fp32, "top-k": topk}, world_size=2, alpha_s=1e-4, busbw=0.05)
+    slow = w.predictions()
+    assert slow["top-k"] < slow["fp32 all-reduce"]
+    assert "0.436 GB/s" in w.text.value and "pays below" in w.text.value
+    before, picture = w.text.value, w.plot.value
+    w.bandwidth.value = 10.0
+    fast = w.predictions()
+    assert fast["top-k"] > fast["fp32 all-reduce"] and w.text.value != before and w.plot.value != picture
+    with pytest.raises(ValueError, match="reference"):
+        compression_explorer({"top-k": topk}, world_size=2, alpha_s=1e-4)

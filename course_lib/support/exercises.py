@@ -44,6 +44,9 @@ __all__ = [
     "check_should_compress",
     "check_error_feedback_step",
     "check_numbers_per_step",
+    "check_topk_allgather_bytes",
+    "check_random_k",
+    "check_dgc_step",
     "check_break_even_bandwidth",
     "check_all_gather_busbw",
 ]
@@ -430,6 +433,60 @@ def check_numbers_per_step(student_fn) -> bool:
     mlp512 = [(512, 64), (512,), (512, 512), (512,), (10, 512), (10,)]
     cases = [(mlp512, 2, 2), (mlp512, 1, 2), (mlp512, 64, 2), ([(16, 3, 3, 3), (16,)], 1, 2), ([(4, 4)], 1, 1)]
     return check(student_fn, _numbers_per_step, cases, name=_name(student_fn, "numbers_per_step"))
+
+
+# --- notebook 06: compression ---------------------------------------------------------------------
+
+def _topk_allgather_bytes(numel: int, ratio: float, world_size: int) -> int:
+    k = max(1, math.ceil(ratio * numel))
+    return (world_size - 1) * k * (4 + 4)
+
+
+def check_topk_allgather_bytes(student_fn) -> bool:
+    """``student_fn(numel, ratio, world_size)``: the bytes one rank *receives* when every rank
+    all-gathers its top-k payload (float32 values and int32 indices, k = ceil(ratio * numel), at least 1)."""
+    cases = [(85_002, 0.01, 2), (85_002, 0.01, 4), (85_002, 0.001, 3), (11_173_962, 0.001, 16), (10, 0.01, 8),
+             (1000, 1.0, 2)]
+    return check(student_fn, _topk_allgather_bytes, cases, name=_name(student_fn, "topk_allgather_bytes"))
+
+
+def _random_k(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros_like(x)
+    out[indices] = x[indices] * (x.numel() / indices.numel())
+    return out
+
+
+def check_random_k(student_fn) -> bool:
+    """``student_fn(x, indices)``: the unbiased random-k of flat ``x`` whose chosen entries are
+    ``indices`` (k distinct ones): zeros elsewhere."""
+    g = torch.Generator().manual_seed(6)
+    cases = []
+    for n, k in ((10, 3), (1000, 10), (7, 7), (64, 1)):
+        cases.append((torch.randn(n, generator=g), torch.randperm(n, generator=g)[:k]))
+    return check(student_fn, _random_k, cases, name=_name(student_fn, "random_k"))
+
+
+def _dgc_step(g, u, v, momentum, k):
+    u = momentum * u + g
+    v = v + u
+    chosen = torch.topk(v.abs(), k).indices
+    sent = torch.zeros_like(v)
+    sent[chosen] = v[chosen]
+    v = v - sent
+    u = u.clone()
+    u[chosen] = 0
+    return sent, u, v
+
+
+def check_dgc_step(student_fn) -> bool:
+    """``student_fn(g, u, v, momentum, k)``: one DGC step on one rank with momentum correction and
+    momentum-factor masking: ``(sent, u, v)`` after it (the new velocity and accumulation)."""
+    gen = torch.Generator().manual_seed(7)
+    cases = []
+    for n, k, m in ((8, 2, 0.9), (100, 5, 0.9), (50, 1, 0.0), (20, 20, 0.5)):
+        cases.append((torch.randn(n, generator=gen), torch.randn(n, generator=gen),
+                      torch.randn(n, generator=gen), m, k))
+    return check(student_fn, _dgc_step, cases, name=_name(student_fn, "dgc_step"))
 
 
 # --- notebook 07: multi-GPU ------------------------------------------------------------------------

@@ -13,10 +13,10 @@ import matplotlib.pyplot as plt
 import torch
 
 from course_lib import lowrank
-from course_lib.costmodel import predict_step_time
+from course_lib.costmodel import break_even_bandwidth, predict_compressed_step_time, predict_step_time
 from course_lib.support.digits import gradient_snapshots
 
-__all__ = ["hopper_gray", "default_matrices", "rank_explorer", "bandwidth_explorer"]
+__all__ = ["hopper_gray", "default_matrices", "rank_explorer", "bandwidth_explorer", "compression_explorer"]
 
 
 def _png(fig) -> bytes:
@@ -186,3 +186,69 @@ def bandwidth_explorer(hooks: dict[str, dict], world_size: int, alpha_s: float =
     (measured), one of them named "all-reduce".
     """
     return BandwidthExplorer(hooks, world_size, alpha_s, busbw)
+
+
+class CompressionExplorer(widgets.VBox):
+    """A link-bandwidth slider over each method's predicted step time (compute, encode + decode,
+    communication not hidden): ``.bandwidth`` (GB/s, log scale), ``.text`` (HTML table) and ``.plot``."""
+
+    def __init__(self, methods: dict[str, dict], world_size: int, alpha_s: float, busbw: float = 1.25,
+                 reference: str = "fp32 all-reduce"):
+        if reference not in methods:
+            raise ValueError(f"methods must contain the reference {reference!r}: speed-ups are relative to it")
+        self.methods, self.world_size, self.alpha_s, self.reference = methods, world_size, alpha_s, reference
+        self.break_even = {name: break_even_bandwidth(m, methods[reference], world_size, alpha_s)
+                           for name, m in methods.items() if name != reference}
+        self.bandwidth = widgets.FloatLogSlider(value=busbw, base=10, min=-2, max=2, step=0.05,
+                                                description="GB/s", continuous_update=False)
+        self.text = widgets.HTML()
+        self.plot = widgets.Image(format="png")
+        super().__init__([self.bandwidth, self.text, self.plot])
+        self.bandwidth.observe(self._update, names="value")
+        self._update()
+
+    def predictions(self, busbw: float | None = None) -> dict[str, float]:
+        busbw = self.bandwidth.value if busbw is None else busbw
+        links = {"all_reduce": (self.alpha_s, busbw), "all_gather": (self.alpha_s, busbw)}
+        return {name: predict_compressed_step_time(world_size=self.world_size, links=links, **m)
+                for name, m in self.methods.items()}
+
+    def _update(self, change=None):
+        pred = self.predictions()
+        base = pred[self.reference]
+        rows = "".join(f"<tr><td>{n}</td><td>{t * 1e3:.2f} ms</td><td>{base / t:.2f}x</td>"
+                       f"<td>{_gbps(self.break_even.get(n))}</td></tr>" for n, t in pred.items())
+        self.text.value = (f"<b>link {self.bandwidth.value:.3g} GB/s</b> ({8 * self.bandwidth.value:.3g} Gbit/s), "
+                           f"latency {self.alpha_s * 1e6:.0f} µs, {self.world_size} workers"
+                           f"<table><tr><th>method</th><th>step time</th><th>speed-up vs {self.reference}</th>"
+                           f"<th>pays below</th></tr>{rows}</table>")
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        names = list(pred)
+        ax.barh(names, [pred[n] * 1e3 for n in names],
+                color=["tab:green" if pred[n] < base else "tab:gray" for n in names])
+        ax.axvline(base * 1e3, color="k", lw=0.8)
+        ax.invert_yaxis()
+        ax.set_xlabel("predicted step time (ms); green: faster than " + self.reference)
+        ax.set_title(f"At {self.bandwidth.value:.3g} GB/s")
+        self.plot.value = _png(fig)
+
+
+def _gbps(value) -> str:
+    if value is None:
+        return "(reference)"
+    if value == 0:
+        return "never"
+    if value == float("inf"):
+        return "always"
+    return f"{value:.3g} GB/s"
+
+
+def compression_explorer(methods: dict[str, dict], world_size: int, alpha_s: float, busbw: float = 1.25,
+                         reference: str = "fp32 all-reduce") -> CompressionExplorer:
+    """Slide the link bandwidth; see each method's predicted step time, its speed-up over
+    ``reference`` and the bandwidth below which it pays (:func:`course_lib.costmodel.break_even_bandwidth`).
+
+    ``methods`` maps a name to the keyword arguments of
+    :func:`~course_lib.costmodel.predict_compressed_step_time` (compute_s, codec_s, collectives, overlap_s).
+    """
+    return CompressionExplorer(methods, world_size, alpha_s, busbw, reference)
