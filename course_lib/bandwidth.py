@@ -32,7 +32,9 @@ def _torch_op(op, n):
     if op == "reduce":
         return lambda t: dist.reduce(t, dst=0)
     if op == "all_gather":
-        return lambda t: dist.all_gather_into_tensor(t, t.chunk(n)[dist.get_rank()].clone())
+        # (all_gather_into_tensor under its newer name, which does not warn that it is deprecated)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        return lambda t: gather(t, t.chunk(n)[dist.get_rank()].clone())
     if op == "reduce_scatter":
         return lambda t: dist.reduce_scatter_tensor(t.chunk(n)[dist.get_rank()].clone(), t)
     raise ValueError(op)

@@ -162,7 +162,7 @@ def fit_collective(rows: list[dict], op: str, world_size: int) -> tuple[float, f
 
 
 def predict_compressed_step_time(compute_s: float, codec_s: float, collectives, world_size: int,
-                                 links: dict, overlap_s: float = 0.0) -> float:
+                                 links: dict, overlap_s: float = 0.0, wait_s: float = 0.0) -> float:
     """Seconds per step of a compressed hook: compute, encode + decode, and the communication that
     computation does not hide.
 
@@ -172,9 +172,13 @@ def predict_compressed_step_time(compute_s: float, codec_s: float, collectives, 
     all-reduce while backward goes on with the next bucket, so an asynchronous hook on many buckets
     hides up to the rest of backward; a hook that compresses and communicates inside its call (as
     :func:`course_lib.compression.compression_hook` does) or a single bucket hides nothing: 0.
+    ``wait_s``: what a step that communicates spends waiting for the slowest rank, beyond alpha (a
+    benchmark that starts its ranks together with a barrier does not see it); 0 if it sends nothing.
     """
+    if not collectives:
+        return compute_s + codec_s
     comm = sum(collective_time(op, nbytes, world_size, *links[op]) for op, nbytes in collectives)
-    return compute_s + codec_s + max(0.0, comm - overlap_s)
+    return compute_s + codec_s + wait_s + max(0.0, comm - overlap_s)
 
 
 def break_even_bandwidth(method: dict, reference: dict, world_size: int, alpha_s: float) -> float:

@@ -135,6 +135,17 @@ class TrainResult:
     log_lines: list[str] = field(default_factory=list)  # what the course's PowerSGD logged (INFO and up)
     threads: int = 0  # the compute threads this worker trained with
 
+    def collectives_per_step(self, start: int, end: int) -> list[tuple[str, float]]:
+        """What one step of steps ``start + 1`` to ``end`` sent, on average: ``[(op, bytes), ...]``,
+        one entry per collective (what :func:`course_lib.costmodel.predict_compressed_step_time` takes)."""
+        before = self.by_op[start - 1] if start > 0 else {}
+        out = []
+        for op, (count, nbytes) in self.by_op[end - 1].items():
+            count, nbytes = count - before.get(op, (0, 0))[0], nbytes - before.get(op, (0, 0))[1]
+            if count:
+                out += [(op, nbytes / count)] * round(count / (end - start))
+        return out
+
 
 def make_hook(config: TrainConfig, process_group=None):
     """``(state, hook)`` for ``ddp_model.register_comm_hook(state, hook)``, as ``config`` says."""

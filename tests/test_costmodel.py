@@ -120,6 +120,9 @@ def test_step_time_adds_compute_codec_and_unhidden_communication():
     hidden = cm.predict_compressed_step_time(0.010, 0.0, [("all_reduce", 1e6)], 2, links, overlap_s=0.0005)
     assert hidden == pytest.approx(0.010 + 1e-3 - 0.0005)
     assert cm.predict_compressed_step_time(0.010, 0.0, [("all_reduce", 1e6)], 2, links, overlap_s=1) == 0.010
+    waiting = cm.predict_compressed_step_time(0.010, 0.0, [("all_reduce", 1e6)], 2, links, wait_s=0.003)
+    assert waiting == pytest.approx(0.010 + 0.003 + 1e-3)
+    assert cm.predict_compressed_step_time(0.010, 0.002, [], 2, links, wait_s=0.003) == 0.012  # nothing sent
 
 
 def test_break_even_bandwidth_is_where_the_predictions_cross():
