@@ -6,9 +6,9 @@ import sys
 import numpy as np
 import pytest
 
-from course_lib import hooks, powersgd
+from course_lib import compression, hooks, powersgd
 from course_lib.launch import WorkerError, spawn
-from course_lib.train import TrainConfig, _argument_parser, ddp_train, make_hook, train_several
+from course_lib.train import COMPRESSION_HOOKS, TrainConfig, _argument_parser, ddp_train, make_hook, train_several
 
 
 @pytest.mark.parametrize("hook", ["powersgd", "allreduce"])
@@ -72,3 +72,29 @@ def test_every_powersgdstate_argument_goes_from_the_command_line_to_the_state():
     assert state.rng.randint(1_000_000_000) == np.random.RandomState(3).randint(1_000_000_000)
     with pytest.raises(ValueError, match="hook_group must be 'world' or 'self'"):
         TrainConfig(hook_group="node")
+
+
+def test_dgc_flags_reach_its_state_and_momentum_is_not_applied_twice():
+    args = ["--hook", "dgc", "--ratio", "0.001", "--dgc-momentum", "0.8", "--clip-norm", "2.5",
+            "--no-momentum-masking", "--warmup-steps", "40"]
+    config = TrainConfig(**{k: v for k, v in vars(_argument_parser().parse_args(args)).items() if k != "backend"})
+    state, hook = make_hook(config)
+    assert hook is compression.compression_hook
+    assert (state.memory.momentum, state.memory.clip_norm, state.memory.masking) == (0.8, 2.5, False)
+    assert state.density(0) == 0.25 and state.density(40) == 0.001 and state.communicator == "allgather"
+    with pytest.raises(ValueError, match="momentum=0"):
+        TrainConfig(hook="dgc", momentum=0.9)
+    with pytest.raises(ValueError, match="memory must be"):
+        TrainConfig(hook="topk", memory="ef")
+
+
+def test_every_compression_hook_trains_and_keeps_the_ranks_identical():
+    configs = [TrainConfig(hook=h, steps=4, eval_every=4, momentum=0.0 if h == "dgc" else 0.9)
+               for h in COMPRESSION_HOOKS]
+    outs = spawn(train_several, 2, configs, backend="gloo", timeout_s=240)
+    for config, r0, r1 in zip(configs, *outs):
+        for a, b in zip(r0.final_params, r1.final_params):
+            assert np.array_equal(a.numpy(), b.numpy()), config.hook
+        assert r0.bytes[-1] > 0 and len(r0.codec_s) == 4 and all(t > 0 for t in r0.codec_s), config.hook
+        sent = sum(nbytes for _, nbytes in r0.by_op[-1].values())
+        assert sent == r0.bytes[-1], config.hook  # every byte counted under its op
