@@ -38,10 +38,10 @@ from course_lib.support.digits import batch_slice, digits_tensors, mlp
 __all__ = ["HOOKS", "COMPRESSION_HOOKS", "TrainConfig", "TrainResult", "make_hook", "ddp_train", "train_several",
            "Outcome", "try_training", "bucket_layouts", "hook_timeline", "main"]
 
-HOOKS = ("allreduce", "fp16", "bf16", "powersgd", "ordered_powersgd", "batched_powersgd", "torch_powersgd",
-         "torch_batched_powersgd", "noop") + ("topk", "randomk", "threshold", "qsgd", "signsgd", "terngrad", "dgc")
 # the hooks built from course_lib.compression (compression_hook with one compressor each)
-COMPRESSION_HOOKS = HOOKS[9:]
+COMPRESSION_HOOKS = ("topk", "randomk", "threshold", "qsgd", "signsgd", "terngrad", "dgc")
+HOOKS = ("allreduce", "fp16", "bf16", "powersgd", "ordered_powersgd", "batched_powersgd", "torch_powersgd",
+         "torch_batched_powersgd", "noop") + COMPRESSION_HOOKS
 
 # torch's PowerSGD state logs a warning on every pickling, in every rank: noise in a notebook
 logging.getLogger(torch_psgd.__name__).setLevel(logging.ERROR)

@@ -138,6 +138,18 @@ def rank_explorer(matrices: dict[str, torch.Tensor] | None = None, rank: int = 4
     return RankExplorer(matrices if matrices is not None else default_matrices(), rank, max_rank, iters, seed)
 
 
+def _slider_table_plot(box: widgets.VBox, busbw: float, min_exponent: float, max_exponent: float) -> None:
+    # An explorer's parts: a GB/s slider on a log scale, an HTML table and a picture, redrawn by
+    # box._update whenever the slider moves (and once now).
+    box.bandwidth = widgets.FloatLogSlider(value=busbw, base=10, min=min_exponent, max=max_exponent, step=0.05,
+                                           description="GB/s", continuous_update=False)
+    box.text = widgets.HTML()
+    box.plot = widgets.Image(format="png")
+    widgets.VBox.__init__(box, [box.bandwidth, box.text, box.plot])
+    box.bandwidth.observe(box._update, names="value")
+    box._update()
+
+
 class BandwidthExplorer(widgets.VBox):
     """A bus-bandwidth slider over the predicted step time of each hook: ``.bandwidth`` (a
     FloatLogSlider in GB/s), ``.text`` (HTML table) and ``.plot`` (PNG)."""
@@ -147,13 +159,7 @@ class BandwidthExplorer(widgets.VBox):
             raise ValueError("hooks must contain an 'all-reduce' entry: speed-ups are relative to it")
         self.hooks, self.world_size, self.alpha_s = hooks, world_size, alpha_s
         self._predict = predict_step_time
-        self.bandwidth = widgets.FloatLogSlider(value=busbw, base=10, min=-1, max=3, step=0.05,
-                                                description="GB/s", continuous_update=False)
-        self.text = widgets.HTML()
-        self.plot = widgets.Image(format="png")
-        super().__init__([self.bandwidth, self.text, self.plot])
-        self.bandwidth.observe(self._update, names="value")
-        self._update()
+        _slider_table_plot(self, busbw, min_exponent=-1, max_exponent=3)
 
     def predictions(self, busbw: float | None = None) -> dict[str, float]:
         busbw = self.bandwidth.value if busbw is None else busbw
@@ -199,13 +205,7 @@ class CompressionExplorer(widgets.VBox):
         self.methods, self.world_size, self.alpha_s, self.reference = methods, world_size, alpha_s, reference
         self.break_even = {name: break_even_bandwidth(m, methods[reference], world_size, alpha_s)
                            for name, m in methods.items() if name != reference}
-        self.bandwidth = widgets.FloatLogSlider(value=busbw, base=10, min=-2, max=2, step=0.05,
-                                                description="GB/s", continuous_update=False)
-        self.text = widgets.HTML()
-        self.plot = widgets.Image(format="png")
-        super().__init__([self.bandwidth, self.text, self.plot])
-        self.bandwidth.observe(self._update, names="value")
-        self._update()
+        _slider_table_plot(self, busbw, min_exponent=-2, max_exponent=2)
 
     def predictions(self, busbw: float | None = None) -> dict[str, float]:
         busbw = self.bandwidth.value if busbw is None else busbw
