@@ -163,7 +163,7 @@ def test_a_parameter_that_reuses_a_dead_ones_id_gets_a_key_of_its_own():
 
 
 def test_try_training_says_how_torchs_hooks_end_with_many_buckets():
-    # what notebook 05 runs: with eight buckets torch's layer-wise hook pairs up different
+    # what notebook 05 runs: with two buckets (after DDP's rebuild) torch's layer-wise hook pairs up different
     # collectives on the two ranks (a gloo abort or a hang), its batched hook raises in _orthogonalize
     tiny = TrainConfig(hidden=256, depth=2, lr=0.05, steps=10, start_powerSGD_iter=3, bucket_cap_mb=0.05,
                        eval_every=1000)
@@ -187,8 +187,9 @@ def test_try_training_reports_a_workers_exception():
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_ordered_hook_overlaps_yet_gives_the_blocking_hooks_numbers(world_size):
-    # many buckets (0.05 MB against a 0.5 MB model), where torch's hook mismatches its collectives;
-    # the ordered hook runs three times in the same processes, then the blocking hook once
+    # several buckets (a 0.05 MB cap against a 0.34 MB model: two after DDP's rebuild), where torch's
+    # hook mismatches its collectives; the ordered hook runs three times in the same processes, then
+    # the blocking hook once
     base = TrainConfig(steps=20, start_powerSGD_iter=3, matrix_approximation_rank=2, hidden=256, depth=2,
                        bucket_cap_mb=0.05, lr=0.1, batch_size=60, record_params=True, eval_every=100)
     configs = [replace(base, hook="ordered_powersgd")] * 3 + [replace(base, hook="powersgd")]
