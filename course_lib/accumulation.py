@@ -14,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm.auto import tqdm
 
 from course_lib import hooks
+from course_lib.launch import worker_device
 from course_lib.support.digits import batch_slice, digits_tensors, mlp
 
 __all__ = [
@@ -41,7 +42,7 @@ def split(x: torch.Tensor, y: torch.Tensor, sizes) -> list[tuple[torch.Tensor, t
 def accumulate_naive(model: nn.Module, loss_fn, micro_batches) -> float:
     """The textbook loop: each micro-batch's *mean* loss divided by k.
 
-    Right when all micro-batches have the same size; slightly wrong otherwise, because a sample in
+    Right when all micro-batches have the same size; wrong otherwise, because a sample in
     a small micro-batch then weighs more than one in a large micro-batch.
     """
     k = len(micro_batches)
@@ -123,11 +124,13 @@ def ddp_accumulation_worker(rank: int, world_size: int, k: int, steps: int, glob
     """
     if global_batch % (world_size * k):
         raise ValueError(f"global_batch={global_batch} must be divisible by world_size * k = {world_size * k}")
+    device = worker_device()  # cuda:LOCAL_RANK under NCCL, else the CPU
     x_train, y_train, _, _ = digits_tensors()
+    x_train, y_train = x_train.to(device), y_train.to(device)
     loss_fn = nn.CrossEntropyLoss()
     out = {}
     for use_no_sync in (False, True):
-        model = DDP(mlp(seed=seed))
+        model = DDP(mlp(seed=seed).to(device), device_ids=[device] if device.type == "cuda" else None)
         # DDP's own behaviour, through the course's hook, which counts every all-reduce it issues
         model.register_comm_hook(None, hooks.allreduce_hook)
         hooks.traffic.reset()
@@ -150,7 +153,7 @@ def ddp_accumulation_worker(rank: int, world_size: int, k: int, steps: int, glob
         out["no_sync" if use_no_sync else "sync"] = {
             "all_reduces": hooks.traffic.collectives,
             "bytes": hooks.traffic.bytes,
-            "params": [p.detach().clone() for p in model.module.parameters()],
+            "params": [p.detach().cpu().clone() for p in model.module.parameters()],
         }
     return out
 

@@ -386,7 +386,8 @@ def check_smallest_rank(student_fn) -> bool:
     s = torch.tensor([2.0 ** -i for i in range(30)], dtype=torch.float64)
     decaying = u[:, :30] @ torch.diag(s) @ v.T
     flat = torch.randn(40, 30, generator=g, dtype=torch.float64)
-    cases = [(decaying, 0.5), (decaying, 0.1), (decaying, 1e-3), (flat, 0.5), (flat, 0.9)]
+    # singular values 2^-i: the best rank-r error is 2^-r, almost exactly, so no bound sits on one of them
+    cases = [(decaying, 0.45), (decaying, 0.1), (decaying, 1.5e-3), (flat, 0.5), (flat, 0.9)]
     return check(student_fn, _smallest_rank, cases, name=_name(student_fn, "smallest_rank"))
 
 
