@@ -101,6 +101,8 @@ def test_ddp_no_sync_cuts_all_reduces_and_matches_single_process():
 
 
 def test_exercise_checks_accept_the_reference_and_reject_the_classic_bugs(capsys):
+    # the checks' references are computed another way: autograd on the whole batch at once, and the
+    # cross-entropy written out with log_softmax
     assert ex.check_accumulate(acc.accumulate)
     assert not ex.check_accumulate(acc.accumulate_naive)  # fails on the unequal split
     assert "case 1" in capsys.readouterr().out

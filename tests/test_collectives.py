@@ -6,6 +6,7 @@ from course_lib.launch import spawn
 from course_lib.support import demos
 from course_lib.support import exercises as ex
 from course_lib.support.exercises import check_distributed
+from solutions import nb02
 from tests import collective_workers as W
 
 
@@ -73,15 +74,21 @@ def test_blocking_ring_shift_deadlocks_and_ring_shift_does_not():
 
 
 def test_exercise_checks(capsys):
-    assert check_distributed(C.reduce_scatter, C.reduce_scatter, ex.exercise_inputs, name="ref")
-    assert "[PASS] ref" in capsys.readouterr().out
+    # check_distributed itself: the instructors' ring reduce-scatter against C.reduce_scatter, which is
+    # computed another way (torch's all-reduce, then this rank's chunk)
+    assert check_distributed(nb02.reduce_scatter, C.reduce_scatter, ex.exercise_inputs, name="ring")
+    assert "[PASS] ring" in capsys.readouterr().out
     assert not check_distributed(W.wrong_reduce_scatter, C.reduce_scatter, ex.exercise_inputs, name="wrong")
     assert "[FAIL] wrong, world size 2, rank 0" in capsys.readouterr().out
     assert not check_distributed(W.todo, C.reduce_scatter, ex.exercise_inputs, name="todo")
     assert "[not yet] todo" in capsys.readouterr().out
-    assert not check_distributed(C.blocking_ring_shift, C.ring_shift, ex.exercise_inputs, name="dl", timeout_s=5)
+    assert not check_distributed(C.blocking_ring_shift, ex.ring_shift_expected, ex.exercise_inputs, name="dl",
+                                 timeout_s=5)
     assert "no answer after 5 s. A deadlock?" in capsys.readouterr().out
-    # the notebook's exercises, as a student runs them
-    assert ex.check_reduce_scatter(C.reduce_scatter) and ex.check_ring_shift(C.ring_shift)
+    # the notebook's exercises, as a student runs them: the course's ring_shift (isend/irecv) against
+    # torch's all-gather; C.reduce_scatter is right but refused, as it is built on dist.all_reduce
+    assert ex.check_ring_shift(C.ring_shift)
+    assert not ex.check_reduce_scatter(C.reduce_scatter)
+    assert "it called dist.all_reduce" in capsys.readouterr().out
     assert not ex.check_ring_shift(W.todo)
     assert "[not yet] todo" in capsys.readouterr().out

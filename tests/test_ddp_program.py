@@ -2,9 +2,25 @@
 
 import torch
 import torch.multiprocessing as mp
+from torch import nn
 
 from course_lib.launch import free_port, spawn
 from course_lib.support import ddp_program
+from course_lib.support.digits import batch_slice, digits_tensors, mlp
+
+
+def _one_process_params(steps=20):
+    """What train_steps must give, computed another way: one process, no DDP, SGD on each whole
+    global batch from rank 0's init."""
+    model = mlp(seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y, _, _ = digits_tensors(seed=0)
+    for step in range(steps):
+        rows = batch_slice(step, 64, len(x))
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x[rows]), y[rows]).backward()
+        opt.step()
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
 
 
 def test_the_plain_ddp_program_under_mp_spawn_agrees_with_launch_spawn(tmp_path):
@@ -14,6 +30,8 @@ def test_the_plain_ddp_program_under_mp_spawn_agrees_with_launch_spawn(tmp_path)
     # every rank starts from its own init; DDP broadcasts rank 0's, so all four end the same
     for result in plain[1:] + ours:
         torch.testing.assert_close(result["params"], plain[0]["params"], rtol=0, atol=1e-6)
+    # and what they agree on is right: one process on the whole batches
+    torch.testing.assert_close(plain[0]["params"], _one_process_params(), rtol=1e-5, atol=1e-5)
 
 
 def test_two_torchrun_nodes_give_each_process_its_ranks():
