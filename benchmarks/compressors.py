@@ -41,7 +41,7 @@ def main():
     matrix = grad[: side * side].view(side, side)
     state = powersgd.PowerSGDState(matrix_approximation_rank=2, start_powerSGD_iter=2)
     rows = []
-    for c in (C.FP16(), C.BF16(), C.TopK(0.01), C.RandomK(0.01), C.Threshold(2.5), C.QSGD(16), C.SignSGD(),
+    for c in (C.FP16(), C.BF16(), C.TopK(0.01), C.RandomK(0.01), C.Threshold(2.5), C.QSGD(15), C.SignSGD(),
               C.TernGrad()):
         payload, _ = c.compress(grad)
         seconds = median_seconds(lambda c=c: c.decompress(*c.compress(grad)), repeats=7)

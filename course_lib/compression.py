@@ -20,8 +20,11 @@ Whether ranks can *sum* payloads decides how they communicate (:attr:`Compressor
   scales its own way; the ranks all-gather every payload and each decompresses all of them.
 
 The compressors follow the papers: top-k and thresholding (Strom 2015; Aji & Heafield 2017), random-k
-(Stich et al. 2018), QSGD (Alistarh et al. 2017), signSGD (Bernstein et al. 2018), TernGrad (Wen et
-al. 2017). PowerSGD, the low-rank one, is ``course_lib.powersgd``.
+with memory (Stich et al. 2018), QSGD with buckets (Alistarh et al. 2017), signSGD (Bernstein et al.
+2018), TernGrad with clipping (Wen et al. 2017). Those that keep a scale (QSGD's norms, signSGD's mean
+magnitude, TernGrad's maximum) scale each parameter's gradient on its own, as the papers and GRACE
+do: the hook cuts its bucket into the parameters' gradients (:class:`PerTensor`). PowerSGD, the
+low-rank one, is ``course_lib.powersgd``.
 """
 
 import math
@@ -42,6 +45,7 @@ __all__ = [
     "TernGrad",
     "FP16",
     "BF16",
+    "PerTensor",
     "pack_bits",
     "unpack_bits",
     "payload_bytes",
@@ -64,11 +68,16 @@ def payload_bytes(payload: list[torch.Tensor]) -> int:
 
 
 def pack_bits(values: torch.Tensor, bits: int) -> torch.Tensor:
-    """Pack non-negative integers below ``2**bits`` (bits = 1, 2, 4 or 8), ``8 // bits`` to a byte (uint8)."""
-    if bits not in (1, 2, 4, 8):
-        raise ValueError(f"bits must be 1, 2, 4 or 8, got {bits}")
-    per_byte = 8 // bits
+    """Pack non-negative integers below ``2**bits`` (1 <= bits <= 8) into ``ceil(numel * bits / 8)``
+    bytes (uint8): 1, 2, 4 or 8 bits go ``8 // bits`` to a byte; other widths (3, 5, 6, 7) are cut
+    into single bits first, so that no byte carries padding except the last."""
+    if not (isinstance(bits, int) and 1 <= bits <= 8):
+        raise ValueError(f"bits must be an integer from 1 to 8, got {bits!r}")
     v = values.to(torch.uint8).flatten()
+    if 8 % bits:  # each value as `bits` single bits, lowest first, then eight bits to a byte
+        shifts = torch.arange(bits, dtype=torch.uint8, device=v.device)
+        return pack_bits((v.view(-1, 1) >> shifts) & 1, 1)
+    per_byte = 8 // bits
     v = torch.cat([v, v.new_zeros(-v.numel() % per_byte)]).view(-1, per_byte)
     shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=v.device)
     return (v << shifts).sum(1, dtype=torch.uint8) if per_byte > 1 else v.view(-1)
@@ -76,6 +85,10 @@ def pack_bits(values: torch.Tensor, bits: int) -> torch.Tensor:
 
 def unpack_bits(packed: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
     """The first ``numel`` values that :func:`pack_bits` packed (uint8)."""
+    if 8 % bits:
+        shifts = torch.arange(bits, dtype=torch.uint8, device=packed.device)
+        single = unpack_bits(packed, 1, numel * bits).view(numel, bits)
+        return (single << shifts).sum(1, dtype=torch.uint8)
     per_byte = 8 // bits
     shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)
     mask = (1 << bits) - 1
@@ -98,6 +111,8 @@ class Compressor:
     summable = False  # True when the sum of the ranks' payloads decompresses to the sum of their tensors
     unbiased = False  # True when the mean of many decompressed draws is the tensor
     variable_size = False  # True when the payload's size depends on the data (not only on numel)
+    error_feedback = True  # whether its paper runs it with error feedback (CompressionState's "auto")
+    has_scale = False  # True when it keeps a scale (norm, mean, max): then its paper compresses tensor by tensor
 
     def __init__(self, seed: int = 0):
         self.seed = seed
@@ -154,20 +169,30 @@ class TopK(_Sparsifier):
 
 
 class RandomK(_Sparsifier):
-    """Keep ``k`` entries chosen at random, scaled by numel / k so that the result is unbiased.
+    """Keep ``k`` entries chosen at random.
+
+    ``scaled=False`` (the default) sends them as they are and needs error feedback: Stich, Cordonnier
+    and Jaggi (NeurIPS 2018, "Sparsified SGD with memory") run rand-k this way. ``scaled=True``
+    multiplies them by numel / k so that the result is unbiased, without memory; its variance is
+    numel / k times larger, so it needs a smaller step.
 
     With the same ``seed`` on every rank the ranks choose the same entries: the indices need not be
     sent (each rank draws them), and the values can be all-reduced.
     """
 
     summable = True
-    unbiased = True
+
+    def __init__(self, ratio: float, seed: int = 0, scaled: bool = False):
+        super().__init__(ratio, seed)
+        self.scaled = scaled
+        self.unbiased = scaled
+        self.error_feedback = not scaled
 
     def compress(self, tensor):
         flat = tensor.flatten()
         n, k = flat.numel(), self.k(flat.numel())
         indices = torch.randperm(n, generator=self.generator)[:k].to(flat.device)
-        return [flat[indices] * (n / k)], (indices, tensor.shape)
+        return [flat[indices] * (n / k) if self.scaled else flat[indices]], (indices, tensor.shape)
 
     def decompress(self, payload, ctx):
         indices, shape = ctx
@@ -177,6 +202,9 @@ class RandomK(_Sparsifier):
 
     def wire_bytes(self, numel):
         return self.k(numel) * 4
+
+    def __repr__(self):
+        return f"RandomK({self.ratio}, scaled={self.scaled})"
 
 
 class Threshold(Compressor):
@@ -210,37 +238,55 @@ class Threshold(Compressor):
 
 
 class QSGD(Compressor):
-    """Stochastic quantization to ``levels`` levels of the norm (Alistarh et al. 2017): unbiased.
+    """Stochastic quantization to ``levels`` levels of a norm (Alistarh et al. 2017): unbiased.
 
-    Each entry x becomes norm * sign(x) * l / levels, where l is |x| / norm * levels rounded down or
-    up at random, up with probability equal to the fraction dropped. Sent: the norm (float32) and
-    sign * l as int8 (so levels <= 127).
+    The tensor is cut into buckets of ``bucket_size`` consecutive entries (the last one shorter), each
+    with its own norm: GRACE's default is 128 entries (``None``: one norm for the whole tensor). Each
+    entry x becomes norm * sign(x) * l / levels, where l in {0, ..., levels} is |x| / norm * levels
+    rounded down or up at random, up with probability equal to the fraction dropped.
+
+    Sent, exactly: one float32 norm per bucket, l in ``ceil(log2(levels + 1))`` bits and the sign in
+    one bit, each packed tightly: 15 levels are 4 bits + a sign, 5 bits per entry.
     """
 
     unbiased = True
+    error_feedback = False
+    has_scale = True
 
-    def __init__(self, levels: int, seed: int = 0):
+    def __init__(self, levels: int, bucket_size: int | None = 128, seed: int = 0):
         super().__init__(seed)
-        if not (isinstance(levels, int) and 1 <= levels <= 127):
-            raise ValueError(f"levels must be an integer from 1 to 127 (they are sent as int8), got {levels!r}")
-        self.levels = levels
+        if not (isinstance(levels, int) and 1 <= levels <= 255):
+            raise ValueError(f"levels must be an integer from 1 to 255 (at most 8 bits), got {levels!r}")
+        if bucket_size is not None and bucket_size < 1:
+            raise ValueError(f"bucket_size is a number of entries (e.g. 128), or None for one norm; got {bucket_size}")
+        self.levels, self.bucket_size = levels, bucket_size
+        self.bits = max(1, math.ceil(math.log2(levels + 1)))  # bits of l, sign apart
+
+    def _bucket(self, numel: int) -> int:
+        return max(1, numel if self.bucket_size is None else min(self.bucket_size, numel))
 
     def compress(self, tensor):
         flat = tensor.flatten().float()
-        norm = flat.norm()
-        scaled = flat.abs() / norm * self.levels if norm > 0 else torch.zeros_like(flat)
+        n, b = flat.numel(), self._bucket(flat.numel())
+        rows = torch.cat([flat, flat.new_zeros(-n % b)]).view(-1, b)
+        norms = rows.norm(dim=1)
+        safe = torch.where(norms > 0, norms, torch.ones_like(norms))
+        scaled = (rows.abs() / safe[:, None] * self.levels).flatten()[:n]
         level = torch.floor(scaled + self._uniform(scaled))  # floor(s + u): up with probability s - floor(s)
-        return [norm.view(1), (torch.sign(flat) * level).to(torch.int8)], tensor.shape
+        return [norms, pack_bits(level, self.bits), pack_bits(flat < 0, 1)], tensor.shape
 
     def decompress(self, payload, ctx):
-        norm, levels = payload
-        return (norm * levels.float() / self.levels).view(ctx)
+        norms, levels, negative = payload
+        n = math.prod(ctx)
+        level = unpack_bits(levels, self.bits, n).float()
+        sign = 1 - 2 * unpack_bits(negative, 1, n).float()
+        return (norms.repeat_interleave(self._bucket(n))[:n] * sign * level / self.levels).view(ctx)
 
     def wire_bytes(self, numel):
-        return 4 + numel
+        return 4 * math.ceil(numel / self._bucket(numel)) + math.ceil(numel * self.bits / 8) + math.ceil(numel / 8)
 
     def __repr__(self):
-        return f"QSGD({self.levels})"
+        return f"QSGD({self.levels}, bucket_size={self.bucket_size})"
 
 
 class SignSGD(Compressor):
@@ -250,6 +296,8 @@ class SignSGD(Compressor):
     ranks' signs combine after the all-gather: ``"mean"`` of the decompressed tensors, or
     ``"majority"``, the sign of the sum of signs times the mean scale (Bernstein et al. 2018).
     """
+
+    has_scale = True
 
     def __init__(self, aggregate: str = "mean", seed: int = 0):
         super().__init__(seed)
@@ -264,6 +312,10 @@ class SignSGD(Compressor):
     def signs(self, payload, ctx) -> torch.Tensor:
         return unpack_bits(payload[1], 1, math.prod(ctx)).float() * 2 - 1
 
+    def scales(self, payload, ctx) -> torch.Tensor:
+        """The scale of each entry (one per tensor, repeated): what a majority vote averages."""
+        return payload[0].expand(math.prod(ctx))
+
     def decompress(self, payload, ctx):
         return (payload[0] * self.signs(payload, ctx)).view(ctx)
 
@@ -275,13 +327,29 @@ class SignSGD(Compressor):
 
 
 class TernGrad(Compressor):
-    """Each entry to {-1, 0, +1} times the largest magnitude s, at random, unbiased (Wen et al. 2017):
-    ±s with probability |x| / s, else 0. Sent: s (float32) and 2 bits per entry, four to a byte."""
+    """Each entry to {-1, 0, +1} times the largest magnitude s, at random (Wen et al. 2017): ±s with
+    probability |x| / s, else 0. Sent: s (float32) and 2 bits per entry, four to a byte.
 
-    unbiased = True
+    As the paper (and GRACE's ``terngrad.py``) does, the tensor is first clipped to ``clip_sigma``
+    standard deviations (2.5), so that one outlier does not set s; ``clip_sigma=None`` does not clip.
+    Unbiased for the clipped tensor (for the tensor itself only without clipping); run without memory.
+    """
+
+    error_feedback = False
+    has_scale = True
+
+    def __init__(self, clip_sigma: float | None = 2.5, seed: int = 0):
+        super().__init__(seed)
+        if clip_sigma is not None and clip_sigma <= 0:
+            raise ValueError(f"clip_sigma is a number of standard deviations (e.g. 2.5), or None; got {clip_sigma}")
+        self.clip_sigma = clip_sigma
+        self.unbiased = clip_sigma is None
 
     def compress(self, tensor):
         flat = tensor.flatten().float()
+        if self.clip_sigma is not None:
+            limit = self.clip_sigma * (flat - flat.mean()).square().mean().sqrt()
+            flat = torch.maximum(torch.minimum(flat, limit), -limit)
         scale = flat.abs().max()
         keep = self._uniform(flat) < (flat.abs() / scale if scale > 0 else torch.zeros_like(flat))
         ternary = torch.sign(flat) * keep  # -1, 0, 1
@@ -294,9 +362,13 @@ class TernGrad(Compressor):
     def wire_bytes(self, numel):
         return 4 + math.ceil(numel / 4)
 
+    def __repr__(self):
+        return f"TernGrad(clip_sigma={self.clip_sigma})"
+
 
 class _Cast(Compressor):
     summable = True
+    error_feedback = False
     dtype = torch.float16
 
     def compress(self, tensor):
@@ -318,6 +390,55 @@ class BF16(_Cast):
     """Every entry as bfloat16: float32's range with 8 bits of mantissa; summable."""
 
     dtype = torch.bfloat16
+
+
+class PerTensor(Compressor):
+    """A compressor applied to each of a flat tensor's pieces on its own: a bucket holds the
+    gradients of several parameters, ``numels`` long each, and GRACE and the papers compress each
+    parameter's gradient with its own scale (a norm, a mean, a maximum), not one for the bucket.
+
+    The pieces' payloads are concatenated position by position (all the norms, then all the packed
+    levels, ...), so a bucket still sends as many tensors as one piece does; what is sent is the sum
+    of the pieces' bytes, exactly. Only for compressors whose payload size depends on numel alone.
+    """
+
+    def __init__(self, inner: Compressor, numels):
+        if inner.variable_size:
+            raise ValueError(f"{inner!r}: its payload size depends on the data; compress the bucket whole")
+        self.inner, self.numels = inner, [int(n) for n in numels]
+        self.summable, self.unbiased, self.error_feedback = inner.summable, inner.unbiased, inner.error_feedback
+        self.aggregate = getattr(inner, "aggregate", None)
+
+    def _pieces(self, payload, ctx):
+        ctxs, sizes, _ = ctx
+        split = [t.split([s[i] for s in sizes]) for i, t in enumerate(payload)]
+        return [([part[j] for part in split], c) for j, c in enumerate(ctxs)]
+
+    def compress(self, tensor):
+        flat = tensor.flatten()
+        if flat.numel() != sum(self.numels):
+            raise ValueError(f"the tensor has {flat.numel()} entries, the pieces {sum(self.numels)}")
+        done = [self.inner.compress(piece) for piece in flat.split(self.numels)]
+        sizes = [[t.numel() for t in payload] for payload, _ in done]
+        payload = [torch.cat(parts) for parts in zip(*(p for p, _ in done))]
+        return payload, ([c for _, c in done], sizes, tensor.shape)
+
+    def decompress(self, payload, ctx):
+        return torch.cat([self.inner.decompress(p, c).flatten() for p, c in self._pieces(payload, ctx)]).view(ctx[2])
+
+    def signs(self, payload, ctx):
+        return torch.cat([self.inner.signs(p, c) for p, c in self._pieces(payload, ctx)])
+
+    def scales(self, payload, ctx):
+        return torch.cat([self.inner.scales(p, c) for p, c in self._pieces(payload, ctx)])
+
+    def wire_bytes(self, numel):
+        if numel != sum(self.numels):
+            raise ValueError(f"numel {numel} is not the pieces' {sum(self.numels)}")
+        return sum(self.inner.wire_bytes(n) for n in self.numels)
+
+    def __repr__(self):
+        return f"PerTensor({self.inner!r}, {len(self.numels)} tensors)"
 
 
 # --- error feedback: a memory any compressor can use -----------------------------------------------
@@ -483,10 +604,11 @@ def combine(compressor: Compressor, received: list[list[torch.Tensor]], ctx, wor
     sign of the sum of signs, times the mean scale)."""
     if len(received) == 1:  # summed by an all-reduce (or a group of one)
         return compressor.decompress(received[0], ctx) / world_size
-    if isinstance(compressor, SignSGD) and compressor.aggregate == "majority":
+    if getattr(compressor, "aggregate", None) == "majority":  # SignSGD, whole or per tensor
         votes = sum(compressor.signs(p, ctx) for p in received)
-        scale = sum(p[0] for p in received) / world_size
-        return (scale * torch.sign(votes)).view(ctx)
+        scale = sum(compressor.scales(p, ctx) for p in received) / world_size
+        shape = ctx[2] if isinstance(compressor, PerTensor) else ctx
+        return (scale * torch.sign(votes)).view(shape)
     return sum(compressor.decompress(p, ctx) for p in received) / world_size
 
 
@@ -505,9 +627,13 @@ class CompressionState:
     """What :func:`compression_hook` needs: the compressor first; error feedback and the way to
     communicate default to what fits it.
 
-    ``memory``: ``"auto"`` gives :class:`ErrorFeedback` to biased compressors (top-k, threshold,
-    signSGD) and none to unbiased ones and 16-bit casts; or pass ``ErrorFeedback()``, ``NoMemory()``
-    or ``DGCMemory(...)``.
+    ``memory``: ``"auto"`` gives :class:`ErrorFeedback` where the compressor's paper uses it (top-k,
+    threshold, signSGD, unscaled random-k: ``compressor.error_feedback``) and none elsewhere (QSGD,
+    TernGrad, scaled random-k, 16-bit casts); or pass ``ErrorFeedback()``, ``NoMemory()`` or
+    ``DGCMemory(...)``.
+    ``per_tensor``: ``"auto"`` compresses each parameter's gradient on its own (:class:`PerTensor`)
+    for the compressors that keep a scale (QSGD, signSGD, TernGrad: ``compressor.has_scale``), as their
+    papers do, and the bucket whole for the others; True or False to choose.
     ``communicator``: ``"auto"`` all-reduces summable payloads and all-gathers the others.
     ``process_group``: the ranks that average (None: all of them).
     ``density``: for sparsifiers, a function of the step giving the ratio to keep (e.g.
@@ -518,14 +644,21 @@ class CompressionState:
     """
 
     def __init__(self, compressor: Compressor, memory="auto", communicator: str = "auto", process_group=None,
-                 density=None):
+                 density=None, per_tensor="auto"):
         if not isinstance(compressor, Compressor):
             raise TypeError(f"the first argument is a compressor, e.g. CompressionState(TopK(0.01)); "
                             f"got {type(compressor).__name__}")
         self.compressor = compressor
         if memory == "auto":
-            memory = NoMemory() if compressor.unbiased or isinstance(compressor, _Cast) else ErrorFeedback()
+            memory = ErrorFeedback() if compressor.error_feedback else NoMemory()
         self.memory = memory
+        if per_tensor == "auto":
+            per_tensor = compressor.has_scale
+        if per_tensor not in (True, False):
+            raise ValueError(f"per_tensor must be 'auto', True or False, got {per_tensor!r}")
+        if per_tensor and compressor.variable_size:
+            raise ValueError(f"{compressor!r} keeps entries one by one: per_tensor changes nothing; use False")
+        self.per_tensor = per_tensor
         if communicator == "auto":
             communicator = "allreduce" if compressor.summable else "allgather"
         if communicator not in ("allreduce", "allgather"):
@@ -544,7 +677,8 @@ class CompressionState:
 
 def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """A DDP communication hook: compress the bucket (with error feedback if the state keeps it),
-    exchange the payloads as the state says, and hand DDP the mean of what every rank sent.
+    each parameter's gradient on its own when ``state.per_tensor``, exchange the payloads as the
+    state says, and hand DDP the mean of what every rank sent.
 
     Every collective is issued inside the hook call, in DDP's bucket order, so the ranks' collectives
     pair up whatever the timing. Memory is kept per parameter, not per bucket, so it follows the
@@ -556,6 +690,8 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
         compressor.ratio = state.density(state.iteration)
     start = time.perf_counter()
     key = tuple((id(p), p.numel()) for p in bucket.parameters())  # the layout: memory is kept per parameter
+    if state.per_tensor:  # the bucket's buffer holds its parameters' gradients one after another, in this order
+        compressor = PerTensor(compressor, [n for _, n in key])
     corrected = state.memory.compensate(key, buffer)
     payload, ctx = compressor.compress(corrected)
     sent = compressor.decompress([t.clone() for t in payload], ctx)  # what this rank contributes

@@ -181,15 +181,20 @@ def predict_compressed_step_time(compute_s: float, codec_s: float, collectives, 
     return compute_s + codec_s + wait_s + max(0.0, comm - overlap_s)
 
 
-def break_even_bandwidth(method: dict, reference: dict, world_size: int, alpha_s: float) -> float:
+def break_even_bandwidth(method: dict, reference: dict, world_size: int, alpha_s: float,
+                         method_steps: float = 1.0, reference_steps: float = 1.0) -> float:
     """The link bandwidth (GB/s) below which ``method`` steps faster than ``reference``, both given as
     the keyword arguments of :func:`predict_compressed_step_time` (``compute_s``, ``codec_s``,
     ``collectives``, ``overlap_s``) on one link of latency ``alpha_s``. ``inf`` when the method is
-    faster at every bandwidth, ``0.0`` when at none (bisection in log space between 1 MB/s and 1 PB/s)."""
+    faster at every bandwidth, ``0.0`` when at none (bisection in log space between 1 MB/s and 1 PB/s).
+
+    With ``method_steps`` and ``reference_steps``, the steps each needs to reach the same accuracy,
+    it compares times to that accuracy (steps x step time) instead: a method that steps faster but
+    needs more steps pays below a lower bandwidth, or never."""
     def gap(busbw):
         links = {"all_reduce": (alpha_s, busbw), "all_gather": (alpha_s, busbw)}
-        return (predict_compressed_step_time(world_size=world_size, links=links, **method)
-                - predict_compressed_step_time(world_size=world_size, links=links, **reference))
+        return (method_steps * predict_compressed_step_time(world_size=world_size, links=links, **method)
+                - reference_steps * predict_compressed_step_time(world_size=world_size, links=links, **reference))
 
     low, high = 1e-3, 1e6
     if gap(high) < 0:

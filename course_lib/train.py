@@ -16,6 +16,7 @@ arguments keep torch's names (``matrix_approximation_rank``, ``start_powerSGD_it
 
 import argparse
 import dataclasses
+import functools
 import io
 import logging
 import os
@@ -66,7 +67,11 @@ class TrainConfig:
     # course_lib.compression's hooks (topk, randomk, threshold, qsgd, signsgd, terngrad, dgc)
     ratio: float = 0.01  # the fraction of entries topk and randomk send; dgc's density after its warm-up
     threshold: float = 0.01  # threshold's magnitude
-    levels: int = 16  # qsgd's levels
+    levels: int = 15  # qsgd's levels: 15 = 4 bits + a sign bit per entry
+    qsgd_bucket: int = 128  # qsgd's entries per norm (GRACE's default; 0: one norm per tensor)
+    terngrad_clip: float = 2.5  # terngrad clips each tensor to this many standard deviations (0: no clipping)
+    randomk_scaled: bool = False  # randomk: False, as Stich et al. 2018 (unscaled, error feedback); True: x numel/k
+    per_tensor: bool = True  # qsgd, signsgd, terngrad: a scale per parameter tensor (False: one for the bucket)
     sign_aggregate: str = "mean"  # signsgd: "mean" or "majority"
     memory: str = "auto"  # "auto" (error feedback for the biased compressors), "error_feedback" or "none"
     dgc_momentum: float = 0.9  # dgc's momentum correction (train with momentum=0: it is in the hook)
@@ -131,6 +136,10 @@ class TrainResult:
     test_loss: list[float] = field(default_factory=list)
     final_params: list[torch.Tensor] = field(default_factory=list)  # one tensor per parameter
     codec_s: list[float] = field(default_factory=list)  # compression hooks: encode + decode seconds of the step
+    # when DDP called the hook with its first bucket, each step (time.perf_counter: on Linux one clock for
+    # every process of the machine, so the ranks' entries can be compared: the later rank makes the other wait)
+    hook_enter_s: list[float] = field(default_factory=list)
+    backward_end_s: list[float] = field(default_factory=list)  # when backward (hook and its future included) returned
     compression_stats: tuple | None = None  # PowerSGDState.compression_stats() at the end
     log_lines: list[str] = field(default_factory=list)  # what the course's PowerSGD logged (INFO and up)
     threads: int = 0  # the compute threads this worker trained with
@@ -184,13 +193,14 @@ def _compression_state(c: TrainConfig, process_group) -> compression.Compression
     # random-k draws the same entries on every rank (one seed); the others draw on their own
     seed = c.seed if c.hook == "randomk" else 1000 * c.seed + 1 + dist.get_rank()
     compressor = {"topk": lambda: compression.TopK(c.ratio, seed),
-                  "randomk": lambda: compression.RandomK(c.ratio, seed),
+                  "randomk": lambda: compression.RandomK(c.ratio, seed, scaled=c.randomk_scaled),
                   "threshold": lambda: compression.Threshold(c.threshold, seed),
-                  "qsgd": lambda: compression.QSGD(c.levels, seed),
+                  "qsgd": lambda: compression.QSGD(c.levels, c.qsgd_bucket or None, seed),
                   "signsgd": lambda: compression.SignSGD(c.sign_aggregate, seed),
-                  "terngrad": lambda: compression.TernGrad(seed)}[c.hook]()
+                  "terngrad": lambda: compression.TernGrad(c.terngrad_clip or None, seed)}[c.hook]()
     memory = {"auto": "auto", "error_feedback": compression.ErrorFeedback(), "none": compression.NoMemory()}[c.memory]
-    return compression.CompressionState(compressor, memory=memory, process_group=process_group)
+    return compression.CompressionState(compressor, memory=memory, process_group=process_group,
+                                        per_tensor="auto" if c.per_tensor else False)
 
 
 class _Lines(logging.Handler):
@@ -246,7 +256,14 @@ def _ddp_train(rank: int, world_size: int, config: TrainConfig, out: TrainResult
             state = checkpoint["hook_state"]
             if process_group is not None and hasattr(state, "process_group"):  # unpickled: the default group
                 state.process_group = process_group
-        model.register_comm_hook(state, hook)
+
+        @functools.wraps(hook)  # its name too: DDP checks hooks by name, and logs it
+        def noting_entry(hook_state, bucket, hook=hook):  # the hook, and when its first bucket was ready
+            if bucket.index() == 0:
+                out.hook_enter_s.append(time.perf_counter())
+            return hook(hook_state, bucket)
+
+        model.register_comm_hook(state, noting_entry)
         opt = torch.optim.SGD(model.parameters(), lr=c.lr, momentum=c.momentum)
         if checkpoint is not None:
             opt.load_state_dict(checkpoint["optimizer"])
@@ -271,6 +288,7 @@ def _ddp_train(rank: int, world_size: int, config: TrainConfig, out: TrainResult
         opt.zero_grad()
         loss = nn.functional.cross_entropy(model(x_train[idx]), y_train[idx])
         loss.backward()
+        out.backward_end_s.append(time.perf_counter())
         opt.step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)

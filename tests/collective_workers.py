@@ -32,3 +32,53 @@ def wrong_reduce_scatter(tensor, group=None):
 
 def todo(tensor, group=None):
     raise NotImplementedError
+
+
+def nccl_tests_rows(rank, world_size, warmup=2, iters=3):
+    """measure_like_nccl_tests on a real all-reduce of ones, and the buffer's value afterwards: each
+    in-place all-reduce multiplies it by p, so it tells how many ran (warm-ups included)."""
+    from course_lib.bandwidth import _buffer, _torch_op, measure_like_nccl_tests, time_like_nccl_tests
+
+    rows = measure_like_nccl_tests("all_reduce", [4096, 65536], iters=iters, warmup=warmup)
+    t = _buffer("all_reduce", 4096, world_size, torch.float32, "cpu")
+    time_like_nccl_tests(_torch_op("all_reduce", world_size), t, iters=iters, warmup=warmup)
+    return rows, t[0].item()
+
+
+def nccl_tests_of_known_sleeps(rank, world_size, d):
+    """time_like_nccl_tests of a run whose durations are known: warm-ups sleep 20 d; timed iteration
+    k sleeps (rank + 1) d, five times longer when k % 4 == 0 (so mean, median and max differ)."""
+    import time
+
+    from course_lib.bandwidth import time_like_nccl_tests
+
+    calls = []
+
+    def run(t):
+        k = len(calls) - 5
+        calls.append(k)
+        time.sleep(20 * d if k < 0 else (rank + 1) * d * (5 if k % 4 == 0 else 1))
+
+    seconds = time_like_nccl_tests(run, torch.zeros(1), iters=20, warmup=5)
+    return seconds, len(calls)
+
+
+def ddp_bucket_numels(rank, world_size, bucket_cap_mb, iterations=3):
+    """The buckets DDP hands its hook (numbers per bucket, per iteration), for notebook 07's
+    benchmark model (MLP 512-1024-1024-10): what the hooks' counters must agree with."""
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from course_lib import hooks
+    from course_lib.support.digits import mlp
+
+    model = DDP(mlp(hidden=1024, depth=2, seed=0, n_in=512), bucket_cap_mb=bucket_cap_mb)
+    log = hooks.BucketLog()
+    model.register_comm_hook(log, hooks.logging_allreduce_hook)
+    x, y = torch.randn(32, 512, generator=torch.Generator().manual_seed(0)), torch.arange(32) % 10
+    out = []
+    for _ in range(iterations):
+        before = len(log.calls)
+        nn.functional.cross_entropy(model(x), y).backward()
+        out.append([c["numel"] for c in log.calls[before:]])
+    return out

@@ -46,7 +46,8 @@ def one_step_against_a_reference(rank, world_size, name):
         reference = sum(compressor.decompress(p, ctx) for p, ctx in payloads) / world_size
 
     model = DDP(net)
-    model.register_comm_hook(C.CompressionState(compressor), C.compression_hook)
+    # the bucket whole (per tensor: per_tensor_against_a_reference); what is checked here is the exchange
+    model.register_comm_hook(C.CompressionState(compressor, per_tensor=False), C.compression_hook)
     hooks.traffic.reset()
     model(x).square().mean().backward()
     got = torch.cat([p.grad.flatten() for p in model.parameters()])
@@ -101,3 +102,75 @@ def train_dgc(rank, world_size, steps, lr, state_kwargs):
         opt.step()
         trajectory.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     return {"trajectory": trajectory, "iteration": state.iteration, "codec_s": state.codec_s}
+
+
+# --- compression per tensor, checked against each paper's formula written out by hand -----------------
+
+def _sign_ref(g, u):  # signSGD with one scale per tensor: its mean magnitude
+    return torch.where(g >= 0, 1.0, -1.0) * g.abs().mean()
+
+
+def _terngrad_ref(g, u):  # TernGrad: clip to 2.5 population standard deviations, then ±max or 0 at random
+    c = 2.5 * torch.std(g, unbiased=False)
+    g = g.clamp(-c.item(), c.item())
+    s = g.abs().max()
+    return torch.where(u < g.abs() / s, torch.sign(g) * s, torch.zeros_like(g))
+
+
+def _qsgd_ref(g, u, levels=15, bucket=128):  # QSGD: a norm per 128 entries, levels rounded at random
+    out = torch.empty_like(g)
+    for start in range(0, g.numel(), bucket):
+        x, r = g[start: start + bucket], u[start: start + bucket]
+        norm = torch.linalg.vector_norm(x)
+        out[start: start + bucket] = norm * torch.sign(x) * torch.floor(x.abs() / norm * levels + r) / levels
+    return out
+
+
+PER_TENSOR = {
+    "sign": (lambda: C.SignSGD(), _sign_ref),
+    "sign_majority": (lambda: C.SignSGD("majority"), _sign_ref),
+    "terngrad": (lambda: C.TernGrad(), _terngrad_ref),
+    "qsgd": (lambda: C.QSGD(15), _qsgd_ref),
+}
+
+
+def per_tensor_against_a_reference(rank, world_size, name):
+    """One backward of a two-layer net (four tensors of different scales, one bucket) through the
+    hook, per tensor (the default) and with one scale for the whole bucket; beside the reference:
+    each rank's gradient of each parameter compressed by the formula above, with the uniform numbers
+    a generator of the compressor's seed gives, parameter after parameter, then averaged (majority
+    vote: the sign of the summed signs times the mean of the ranks' scales)."""
+    make, formula = PER_TENSOR[name]
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(20, 16), nn.ReLU(), nn.Linear(16, 4))
+    with torch.no_grad():
+        net[2].bias.mul_(30)  # a bias far larger than the weights: one shared scale would misfit it
+    x = torch.randn(8, 20, generator=torch.Generator().manual_seed(rank))
+    local = copy.deepcopy(net)
+    (local(x) * torch.arange(1.0, 5.0)).square().mean().backward()
+    numels = [p.numel() for p in local.parameters()]
+    grads = [p.grad.flatten().clone() for p in local.parameters()]
+    gathered = [[torch.empty_like(g) for _ in range(world_size)] for g in grads]
+    for out, g in zip(gathered, grads):
+        dist.all_gather(out, g)
+    everyone = [[gathered[i][r] for i in range(len(grads))] for r in range(world_size)]
+    per_rank = []
+    for grads in everyone:
+        gen = torch.Generator().manual_seed(0)  # the compressor's default seed; draws in parameter order
+        per_rank.append([formula(g, torch.rand(g.shape, generator=gen)) for g in grads])
+    if name == "sign_majority":
+        parts = [torch.sign(sum(torch.sign(p[i]) for p in per_rank)) * sum(p[i].abs() for p in per_rank) / world_size
+                 for i in range(len(numels))]
+    else:
+        parts = [sum(p[i] for p in per_rank) / world_size for i in range(len(numels))]
+    reference = torch.cat(parts)
+
+    got = {}
+    for per_tensor in (True, False):
+        model = DDP(copy.deepcopy(net))
+        model.register_comm_hook(C.CompressionState(make(), per_tensor=per_tensor), C.compression_hook)
+        hooks.traffic.reset()
+        (model(x) * torch.arange(1.0, 5.0)).square().mean().backward()
+        got[per_tensor] = (torch.cat([p.grad.flatten() for p in model.parameters()]), hooks.traffic.bytes)
+    return {"per_tensor": got[True][0], "whole": got[False][0], "reference": reference, "bytes": got[True][1],
+            "numels": numels}

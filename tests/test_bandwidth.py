@@ -5,14 +5,20 @@ import math
 import pytest
 
 from course_lib import bandwidth as bw
-from course_lib.costmodel import bus_factor, fit_ring_all_reduce, ring_all_reduce_time
+from course_lib.costmodel import fit_ring_all_reduce, ring_all_reduce_time
 from course_lib.launch import spawn
 from tests import collective_workers as W
+
+# nccl-tests' bus factors (doc/PERFORMANCE.md), written out rather than taken from costmodel.bus_factor,
+# which bandwidth.py itself uses
+NCCL_TESTS_BUS_FACTORS = {"all_reduce": lambda p: 2 * (p - 1) / p, "all_gather": lambda p: (p - 1) / p,
+                          "reduce_scatter": lambda p: (p - 1) / p, "broadcast": lambda p: 1.0, "reduce": lambda p: 1.0}
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_measure_collective_on_gloo(world_size):
     per_rank = spawn(W.measure_all_ops, world_size, backend="gloo")
+    assert sorted(per_rank[0]) == sorted(NCCL_TESTS_BUS_FACTORS)
     assert per_rank[0] == per_rank[-1]  # the slowest rank's time is agreed on by all
     for op, rows in per_rank[0].items():
         want = [4096, 65536]
@@ -22,7 +28,7 @@ def test_measure_collective_on_gloo(world_size):
         for r in rows:
             assert r["time_s"] > 0
             assert math.isclose(r["algbw_GBps"], r["size_bytes"] / r["time_s"] / 1e9)
-            assert math.isclose(r["busbw_GBps"], r["algbw_GBps"] * bus_factor(op, world_size))
+            assert math.isclose(r["busbw_GBps"], r["algbw_GBps"] * NCCL_TESTS_BUS_FACTORS[op](world_size))
 
 
 def test_ping_pong_times_grow_with_size():
@@ -50,3 +56,50 @@ def test_the_ring_fit_on_measured_gloo_rows_at_world_3():
     large = [r for r in rows if r["size_bytes"] >= 2**20]
     ratios = sorted(ring_all_reduce_time(r["size_bytes"], 3, alpha, busbw) / r["time_s"] for r in large)
     assert 0.5 < ratios[1] < 2  # the median of the three: predicted against measured
+
+
+def test_nccl_tests_timing_on_real_all_reduces_at_world_3():
+    warmup, iters = 2, 3
+    per_rank = spawn(W.nccl_tests_rows, 3, warmup, iters, backend="gloo")
+    rows, value = per_rank[0]
+    assert all(r == per_rank[0] for r in per_rank)  # the mean over ranks: every rank reports it
+    assert value == 3.0 ** (warmup + iters)  # the warm-ups ran, and so did every timed iteration
+    assert [r["size_bytes"] for r in rows] == [4096, 65536]
+    for r in rows:
+        assert r["time_s"] > 0
+        assert math.isclose(r["algbw_GBps"], r["size_bytes"] / r["time_s"] / 1e9)
+        assert math.isclose(r["busbw_GBps"], r["algbw_GBps"] * 4 / 3)  # 2(p-1)/p at p = 3, written out
+
+
+def test_nccl_tests_timing_is_the_mean_of_the_timed_loop_averaged_over_ranks():
+    # Durations are known: timed iteration k of rank r sleeps (r + 1) d, or 5 (r + 1) d when k % 4 == 0,
+    # so its mean over the 20 iterations is 2 (r + 1) d, and over 3 ranks 4 d. A median over the
+    # iterations would give 2 d, the slowest rank 6 d, a loop that timed the 5 warm-ups (20 d each)
+    # too 9 d; sleeping never ends early, and the margin (d per run on average) covers waking up late
+    # on a loaded machine.
+    d = 0.01
+    seconds, calls = spawn(W.nccl_tests_of_known_sleeps, 3, d, backend="gloo")[0]
+    assert calls == 25
+    assert 4 * d <= seconds < 5 * d
+
+
+@pytest.mark.parametrize("bucket_cap_mb", [25, 1])
+def test_notebook_07_counts_collectives_as_ddp_buckets_them(bucket_cap_mb):
+    # Notebook 07 takes the collectives per step from the hooks' counters, never from an assumption
+    # about the buckets. With bucket_cap_mb=25 (given explicitly, so DDP uses no smaller first bucket)
+    # the benchmark model is one bucket; with 1 MB it is two after DDP's rebuild. The reference is what
+    # DDP hands its hook, logged by another hook in another model.
+    from dataclasses import replace
+
+    from course_lib.train import TrainConfig, train_several
+
+    layout = spawn(W.ddp_bucket_numels, 2, bucket_cap_mb, backend="gloo")[0][-1]  # after the rebuild
+    assert sum(layout) == 1_585_162
+    assert len(layout) == (1 if bucket_cap_mb == 25 else 2)
+    bench = TrainConfig(n_in=512, hidden=1024, depth=2, lr=0.05, start_powerSGD_iter=2, eval_every=1000, steps=5,
+                        batch_size=64, bucket_cap_mb=bucket_cap_mb)
+    plain, psgd = spawn(train_several, 2, [bench, replace(bench, hook="powersgd", matrix_approximation_rank=1)],
+                        backend="gloo")[0]
+    sent = plain.collectives_per_step(3, 5)
+    assert len(sent) == len(layout) and sum(b for _, b in sent) == 4 * sum(layout)
+    assert len(psgd.collectives_per_step(3, 5)) == 2 * len(layout)  # P and Q per bucket

@@ -9,14 +9,16 @@ from course_lib import compression as C
 from course_lib.launch import spawn
 from tests import compression_workers as W
 
-ALL = [C.TopK(0.1), C.RandomK(0.1), C.Threshold(0.5), C.QSGD(4), C.SignSGD(), C.TernGrad(), C.FP16(), C.BF16()]
+ALL = [C.TopK(0.1), C.RandomK(0.1), C.RandomK(0.1, scaled=True), C.Threshold(0.5), C.QSGD(4), C.QSGD(15),
+       C.QSGD(16, bucket_size=None), C.SignSGD(), C.TernGrad(), C.TernGrad(clip_sigma=None), C.FP16(), C.BF16(),
+       C.PerTensor(C.QSGD(15), [1, 500, 2]), C.PerTensor(C.SignSGD(), [503])]
 
 
 def _x(n=1000, seed=0):
     return torch.randn(n, generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5, 6, 7, 8])
 @pytest.mark.parametrize("n", [1, 7, 8, 33])
 def test_pack_bits_round_trips(bits, n):
     values = torch.randint(0, 2**bits, (n,), generator=torch.Generator().manual_seed(n))
@@ -28,6 +30,8 @@ def test_pack_bits_round_trips(bits, n):
 @pytest.mark.parametrize("compressor", ALL, ids=repr)
 @pytest.mark.parametrize("n", [1, 7, 1000, 1001])
 def test_wire_bytes_are_the_payloads_bytes(compressor, n):
+    if isinstance(compressor, C.PerTensor):
+        compressor = C.PerTensor(compressor.inner, [1, n - 1] if n > 1 else [1])
     payload, ctx = compressor.compress(_x(n))
     extra = {"kept": payload[0].numel()} if isinstance(compressor, C.Threshold) else {}
     assert compressor.wire_bytes(n, **extra) == C.payload_bytes(payload)
@@ -37,7 +41,7 @@ def test_wire_bytes_are_the_payloads_bytes(compressor, n):
 def test_signs_travel_as_one_bit_each():
     assert C.SignSGD().wire_bytes(8 * 1000) == 4 + 1000  # the scale, then a byte per 8 signs
     assert C.TernGrad().wire_bytes(4 * 1000) == 4 + 1000  # the scale, then a byte per 4 entries
-    assert C.FP16().wire_bytes(1000) == 2000 and C.QSGD(127).wire_bytes(1000) == 4 + 1000
+    assert C.FP16().wire_bytes(1000) == 2000 and C.QSGD(127, bucket_size=None).wire_bytes(1000) == 4 + 875 + 125
 
 
 def test_topk_keeps_exactly_the_k_largest_magnitudes():
@@ -55,7 +59,8 @@ def test_threshold_keeps_what_is_large_enough():
     assert torch.equal(out, torch.where(x.abs() >= 1.5, x, torch.zeros_like(x)))
 
 
-@pytest.mark.parametrize("compressor", [C.RandomK(0.25), C.QSGD(2), C.TernGrad()], ids=repr)
+@pytest.mark.parametrize("compressor", [C.RandomK(0.25, scaled=True), C.QSGD(2), C.QSGD(2, bucket_size=16),
+                                        C.TernGrad(clip_sigma=None)], ids=repr)
 def test_unbiased_compressors_average_back_to_the_input(compressor):
     x, draws = _x(64, seed=1), 4000
     samples = torch.stack([compressor.decompress(*compressor.compress(x)) for _ in range(draws)])
@@ -96,7 +101,8 @@ def test_summable_payloads_add_up_to_the_sum():
 
 @pytest.mark.parametrize("make, match", [
     (lambda: C.TopK(0), "0 < ratio <= 1"), (lambda: C.RandomK(1.5), "0 < ratio <= 1"),
-    (lambda: C.QSGD(200), "from 1 to 127"), (lambda: C.Threshold(0), "must be > 0"),
+    (lambda: C.QSGD(300), "from 1 to 255"), (lambda: C.TernGrad(clip_sigma=0), "standard deviations"),
+    (lambda: C.Threshold(0), "must be > 0"),
     (lambda: C.SignSGD("vote"), "'mean' or 'majority'"),
 ])
 def test_bad_arguments_say_what_to_write(make, match):
@@ -244,3 +250,65 @@ def test_dgc_pieces_refuse_bad_values():
         C.DGCMemory(clip_norm=0)
     with pytest.raises(ValueError, match="density sets the ratio"):
         C.CompressionState(C.QSGD(4), density=C.DensityWarmUp(0.01, 10))
+
+
+# --- per tensor, as the papers and GRACE compress ----------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(W.PER_TENSOR))
+def test_the_hook_scales_each_tensor_on_its_own_as_the_papers_do(name):
+    """Against each paper's formula written out per parameter; the same hook with one scale for the
+    whole bucket (the variant the course used before) must fail the same comparison."""
+    for rank, out in enumerate(spawn(W.per_tensor_against_a_reference, 2, name, backend="gloo", timeout_s=120)):
+        torch.testing.assert_close(out["per_tensor"], out["reference"], rtol=1e-5, atol=1e-6,
+                                   msg=f"{name}, rank {rank}")
+        assert not torch.allclose(out["whole"], out["reference"], rtol=1e-3, atol=1e-4), f"{name}: whole bucket passed"
+        compressor = W.PER_TENSOR[name][0]()
+        assert out["bytes"] == sum(compressor.wire_bytes(n) for n in out["numels"])
+
+
+def test_qsgd_sends_its_levels_in_as_few_bits_as_they_need():
+    # 15 levels: l in 0..15 is 4 bits, plus a sign bit: 5 bits per entry, and a float32 norm per 128
+    n = 1000
+    q = C.QSGD(15)
+    payload, ctx = q.compress(_x(n))
+    norms, levels, signs = payload
+    assert norms.numel() == math.ceil(n / 128) and norms.dtype == torch.float32
+    assert levels.dtype == torch.uint8 and levels.numel() == math.ceil(n * 4 / 8)
+    assert signs.dtype == torch.uint8 and signs.numel() == math.ceil(n / 8)
+    assert C.payload_bytes(payload) == q.wire_bytes(n) == 4 * 8 + 500 + 125
+    assert C.QSGD(16).wire_bytes(n) == 4 * 8 + math.ceil(n * 5 / 8) + 125  # 17 values of l: 5 bits
+    assert C.QSGD(1, bucket_size=None).wire_bytes(n) == 4 + 125 + 125  # one norm, l in {0, 1}
+
+
+def test_qsgd_decodes_to_the_papers_formula_bucket_by_bucket():
+    x = _x(300, seed=4) * torch.linspace(0.01, 10, 300)  # buckets of very different norms
+    got = C.QSGD(15, seed=3).decompress(*C.QSGD(15, seed=3).compress(x))
+    expected = W._qsgd_ref(x, torch.rand(300, generator=torch.Generator().manual_seed(3)))
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    whole = C.QSGD(15, bucket_size=None, seed=3)
+    assert not torch.allclose(whole.decompress(*whole.compress(x)), expected, rtol=1e-3, atol=1e-4)
+
+
+def test_terngrad_clips_at_two_and_a_half_standard_deviations():
+    x = _x(500, seed=5)
+    x[7] = 40.0  # one outlier: unclipped, it would set the scale
+    payload, _ = C.TernGrad().compress(x)
+    assert payload[0].item() == pytest.approx(2.5 * x.std(unbiased=False).item(), rel=1e-5)
+    assert C.TernGrad(clip_sigma=None).compress(x)[0][0].item() == 40.0
+
+
+def test_random_k_is_stichs_unscaled_with_memory_unless_asked_to_scale():
+    x = _x(100)
+    stich, scaled = C.RandomK(0.1, seed=2), C.RandomK(0.1, seed=2, scaled=True)
+    (ps, (idx, _)), (pu, _) = stich.compress(x), scaled.compress(x)
+    assert torch.equal(ps[0], x[idx]) and torch.allclose(pu[0], x[idx] * 10)
+    assert isinstance(C.CompressionState(stich).memory, C.ErrorFeedback)
+    assert isinstance(C.CompressionState(scaled).memory, C.NoMemory)
+    assert not stich.unbiased and scaled.unbiased
+
+
+def test_per_tensor_is_refused_where_it_means_nothing():
+    with pytest.raises(ValueError, match="per_tensor changes nothing"):
+        C.CompressionState(C.Threshold(0.1), per_tensor=True)
+    assert C.CompressionState(C.QSGD(15)).per_tensor and not C.CompressionState(C.TopK(0.1)).per_tensor
+    assert not C.CompressionState(C.RandomK(0.1, scaled=True)).per_tensor  # scaled by numel/k, no scale of its own

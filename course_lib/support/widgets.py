@@ -154,10 +154,12 @@ class BandwidthExplorer(widgets.VBox):
     """A bus-bandwidth slider over the predicted step time of each hook: ``.bandwidth`` (a
     FloatLogSlider in GB/s), ``.text`` (HTML table) and ``.plot`` (PNG)."""
 
-    def __init__(self, hooks: dict[str, dict], world_size: int, alpha_s: float = 10e-6, busbw: float = 1.25):
+    def __init__(self, hooks: dict[str, dict], world_size: int, alpha_s: float = 10e-6, busbw: float = 1.25,
+                 compute_label: str = ""):
         if "all-reduce" not in hooks:
             raise ValueError("hooks must contain an 'all-reduce' entry: speed-ups are relative to it")
         self.hooks, self.world_size, self.alpha_s = hooks, world_size, alpha_s
+        self.compute_label = compute_label  # whose computation compute_s is, shown with the table
         self._predict = predict_step_time
         _slider_table_plot(self, busbw, min_exponent=-1, max_exponent=3)
 
@@ -173,7 +175,9 @@ class BandwidthExplorer(widgets.VBox):
                        for n, t in pred.items())
         self.text.value = (f"<b>bus bandwidth {self.bandwidth.value:.3g} GB/s</b>, "
                            f"latency {self.alpha_s * 1e6:.0f} µs, "
-                           f"{self.world_size} workers<table><tr><th>hook</th><th>step time</th>"
+                           f"{self.world_size} workers"
+                           + (f", computation: {self.compute_label}" if self.compute_label else "")
+                           + "<table><tr><th>hook</th><th>step time</th>"
                            f"<th>speed-up vs all-reduce</th></tr>{rows}</table>")
         fig, ax = plt.subplots(figsize=(6, 2.6))
         names = list(pred)
@@ -185,33 +189,45 @@ class BandwidthExplorer(widgets.VBox):
 
 
 def bandwidth_explorer(hooks: dict[str, dict], world_size: int, alpha_s: float = 10e-6,
-                       busbw: float = 1.25) -> BandwidthExplorer:
+                       busbw: float = 1.25, compute_label: str = "") -> BandwidthExplorer:
     """Slide the interconnect's bus bandwidth; see each hook's predicted step time and speed-up.
 
     ``hooks`` maps a name to ``{"compute_s": ..., "bytes": ..., "collectives": ...}`` per step
-    (measured), one of them named "all-reduce".
+    (measured), one of them named "all-reduce". ``compute_label`` says whose computation
+    ``compute_s`` is (a machine's own: a what-if keeps it, whatever link the slider picks).
     """
-    return BandwidthExplorer(hooks, world_size, alpha_s, busbw)
+    return BandwidthExplorer(hooks, world_size, alpha_s, busbw, compute_label)
 
 
 class CompressionExplorer(widgets.VBox):
     """A link-bandwidth slider over each method's predicted step time (compute, encode + decode,
-    communication not hidden): ``.bandwidth`` (GB/s, log scale), ``.text`` (HTML table) and ``.plot``."""
+    communication not hidden), or, given ``steps`` (each method's steps to a target accuracy), its
+    predicted time to that accuracy: ``.bandwidth`` (GB/s, log scale), ``.text`` (HTML table) and ``.plot``."""
 
     def __init__(self, methods: dict[str, dict], world_size: int, alpha_s: float, busbw: float = 1.25,
-                 reference: str = "fp32 all-reduce"):
+                 reference: str = "fp32 all-reduce", steps: dict[str, float] | None = None):
         if reference not in methods:
             raise ValueError(f"methods must contain the reference {reference!r}: speed-ups are relative to it")
+        if steps is not None and set(steps) != set(methods):
+            raise ValueError("steps must give the steps to the target of every method, and of no other")
         self.methods, self.world_size, self.alpha_s, self.reference = methods, world_size, alpha_s, reference
-        self.break_even = {name: break_even_bandwidth(m, methods[reference], world_size, alpha_s)
+        self.steps = steps
+        self.break_even = {name: break_even_bandwidth(m, methods[reference], world_size, alpha_s,
+                                                      *((steps[name], steps[reference]) if steps else ()))
                            for name, m in methods.items() if name != reference}
         _slider_table_plot(self, busbw, min_exponent=-2, max_exponent=2)
 
     def predictions(self, busbw: float | None = None) -> dict[str, float]:
+        """Seconds per step, or to the target accuracy when ``steps`` was given."""
         busbw = self.bandwidth.value if busbw is None else busbw
         links = {"all_reduce": (self.alpha_s, busbw), "all_gather": (self.alpha_s, busbw)}
-        return {name: predict_compressed_step_time(world_size=self.world_size, links=links, **m)
+        return {name: (self.steps[name] if self.steps else 1)
+                * predict_compressed_step_time(world_size=self.world_size, links=links, **m)
                 for name, m in self.methods.items()}
+
+    @property
+    def _what(self) -> str:
+        return "time to the target accuracy" if self.steps else "step time"
 
     def _update(self, change=None):
         pred = self.predictions()
@@ -220,7 +236,7 @@ class CompressionExplorer(widgets.VBox):
                        f"<td>{_gbps(self.break_even.get(n))}</td></tr>" for n, t in pred.items())
         self.text.value = (f"<b>link {self.bandwidth.value:.3g} GB/s</b> ({8 * self.bandwidth.value:.3g} Gbit/s), "
                            f"latency {self.alpha_s * 1e6:.0f} µs, {self.world_size} workers"
-                           f"<table><tr><th>method</th><th>step time</th><th>speed-up vs {self.reference}</th>"
+                           f"<table><tr><th>method</th><th>{self._what}</th><th>speed-up vs {self.reference}</th>"
                            f"<th>pays below</th></tr>{rows}</table>")
         fig, ax = plt.subplots(figsize=(6, 3.2))
         names = list(pred)
@@ -228,7 +244,7 @@ class CompressionExplorer(widgets.VBox):
                 color=["tab:green" if pred[n] < base else "tab:gray" for n in names])
         ax.axvline(base * 1e3, color="k", lw=0.8)
         ax.invert_yaxis()
-        ax.set_xlabel("predicted step time (ms); green: faster than " + self.reference)
+        ax.set_xlabel(f"predicted {self._what} (ms); green: faster than " + self.reference)
         ax.set_title(f"At {self.bandwidth.value:.3g} GB/s")
         self.plot.value = _png(fig)
 
@@ -244,11 +260,12 @@ def _gbps(value) -> str:
 
 
 def compression_explorer(methods: dict[str, dict], world_size: int, alpha_s: float, busbw: float = 1.25,
-                         reference: str = "fp32 all-reduce") -> CompressionExplorer:
+                         reference: str = "fp32 all-reduce", steps: dict[str, float] | None = None
+                         ) -> CompressionExplorer:
     """Slide the link bandwidth; see each method's predicted step time, its speed-up over
     ``reference`` and the bandwidth below which it pays (:func:`course_lib.costmodel.break_even_bandwidth`).
 
     ``methods`` maps a name to the keyword arguments of
     :func:`~course_lib.costmodel.predict_compressed_step_time` (compute_s, codec_s, collectives, overlap_s).
     """
-    return CompressionExplorer(methods, world_size, alpha_s, busbw, reference)
+    return CompressionExplorer(methods, world_size, alpha_s, busbw, reference, steps)

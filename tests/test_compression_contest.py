@@ -1,0 +1,73 @@
+"""The committed compression contest (benchmarks/results/compression_contest.json): each method's
+chosen learning rate is its sweep's best, one run reproduces its row, and notebook 06 uses it."""
+
+import importlib.util
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from course_lib import costmodel
+from course_lib.launch import spawn
+from course_lib.train import ddp_train
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = json.loads((ROOT / "benchmarks" / "results" / "compression_contest.json").read_text())
+
+
+def _benchmark():
+    spec = importlib.util.spec_from_file_location("compression_contest", ROOT / "benchmarks" / "compression_contest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_each_chosen_rate_is_the_best_of_its_sweep():
+    bench = _benchmark()
+    assert list(RESULTS["methods"]) == list(bench.METHODS)
+    for name, row in RESULTS["methods"].items():
+        assert len(row["sweep"]) == 3 and len(RESULTS["seeds"]) >= 3, name
+        assert row["config"] == bench.METHODS[name][1], f"{name}: the committed table is of another variant"
+        finite = {float(lr): statistics.mean(r["accuracy"]) for lr, r in row["sweep"].items() if not r["diverged"]}
+        if not finite:
+            assert row["diverged"] and row["best_lr"] is None
+            continue
+        assert row["best_lr"] == max(finite, key=finite.get), name
+        assert row["accuracy_mean"] == pytest.approx(finite[row["best_lr"]], abs=0.01), name
+
+
+def test_the_choice_refuses_a_rate_where_a_seed_diverged():
+    bench = _benchmark()
+    sweep = {"0.1": {"accuracy": [90.0, 91.0, 92.0], "diverged": False},
+             "0.3": {"accuracy": [97.0, 97.0, 10.7], "diverged": True}}
+    assert bench.choose(sweep) == "0.1"
+    assert bench.choose({"0.3": sweep["0.3"]}) is None
+
+
+def test_one_run_reproduces_its_committed_row():
+    """QSGD 4-bit at its chosen rate, seed 0: the accuracy and the exact bytes of the committed row."""
+    bench = _benchmark()
+    row = RESULTS["methods"]["QSGD 4-bit"]
+    config = bench.config("QSGD 4-bit", row["best_lr"], RESULTS["seeds"][0])
+    out = spawn(ddp_train, 2, config, backend="gloo", timeout_s=120)[0]
+    committed = row["sweep"][str(row["best_lr"])]["accuracy"][0]
+    assert abs(bench.accuracy(out) - committed) < 2.0, (bench.accuracy(out), committed)
+    assert out.bytes[-1] / config.steps == pytest.approx(row["bytes_per_step"], abs=0.1)
+
+
+def test_notebook_06_trains_each_method_at_its_chosen_rate():
+    nb = json.loads((ROOT / "notebooks" / "06_compression.ipynb").read_text())
+    code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert "compression_contest.json" in code and 'lr=row["best_lr"]' in code
+
+
+def test_time_to_accuracy_break_even_against_a_direct_formula():
+    # alpha = 0, two ranks: an all-reduce of N bytes takes N / B seconds (bus factor 1 at p = 2)
+    method = {"compute_s": 1e-3, "codec_s": 1e-3, "collectives": [("all_reduce", 1e5)]}
+    reference = {"compute_s": 1e-3, "codec_s": 0.0, "collectives": [("all_reduce", 1e6)]}
+    # per step: 2e-3 + 1e5/B  vs  1e-3 + 1e6/B: equal at B = 9e5 / 1e-3 = 0.9 GB/s
+    assert costmodel.break_even_bandwidth(method, reference, 2, 0.0) == pytest.approx(0.9, rel=1e-6)
+    # twice the steps: 2 (2e-3 + 1e5/B) = 1e-3 + 1e6/B  ->  B = 8e5 / 3e-3 bytes/s
+    assert costmodel.break_even_bandwidth(method, reference, 2, 0.0, 2.0, 1.0) == pytest.approx(8e5 / 3e-3 / 1e9,
+                                                                                                 rel=1e-6)
