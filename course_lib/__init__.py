@@ -7,7 +7,7 @@ What a student learns, in the order the notebooks use it:
 * ``accumulation`` (01): what ``backward``, ``step`` and ``zero_grad`` do; gradient accumulation,
   and ``no_sync`` under DDP;
 * ``collectives`` (02): broadcast, reduce and all-reduce built on ``send`` and ``recv``;
-* ``data_parallel`` (03): data parallelism from scratch: per-parameter, overlapped and bucketed
+* ``data_parallel`` (03): data parallelism from scratch: per-parameter, flat, overlapped and bucketed
   all-reduce of the gradients, the same gradients as torch's DDP;
 * ``costmodel`` (02, 07): the alpha-beta cost of each collective, bus bandwidth, fits, step-time
   predictions, typical interconnects; arithmetic only;

@@ -1,10 +1,12 @@
-"""Data parallelism from scratch: three ways to average the gradients over the ranks.
+"""Data parallelism from scratch: four ways to average the gradients over the ranks.
 
 Every rank holds the whole model and takes its own slice of each batch; after ``loss.backward()``
-the ranks average their gradients, so that every rank takes the same optimizer step. The three
+the ranks average their gradients, so that every rank takes the same optimizer step. The four
 wrappers below do that average, from the simplest to what ``DistributedDataParallel`` does:
 
 * :class:`DataParallelNaive`: after backward, one blocking all-reduce per parameter;
+* :class:`DataParallelFlat`: after backward, all gradients in one flat buffer, one blocking
+  all-reduce: the fewest messages, and no overlap (the naive step towards fewer messages);
 * :class:`DataParallelOverlap`: each parameter's all-reduce starts (asynchronously) the moment its
   gradient is ready, while backward goes on with the layers below;
 * :class:`DataParallelBucket`: gradients are packed into flat buckets in the order they become
@@ -17,12 +19,15 @@ every ``.grad``; ``with model.no_sync():`` around a backward skips the communica
 gradients accumulate locally (notebook 01), as DDP's ``no_sync`` does. Every all-reduce goes
 through :func:`course_lib.hooks.all_reduce_counted`, so ``hooks.traffic`` counts them, and each
 wrapper records a timeline of its last backward (``events``): when each gradient became ready and
-when each all-reduce started and ended.
+when each all-reduce started and ended. :func:`exposed_communication` reads from it how long the
+step waited for communication once backward was over; :func:`communication_time`, how long an
+all-reduce was in flight at all.
 """
 
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
 from typing import NamedTuple
 
@@ -32,10 +37,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib import hooks
+from course_lib.bandwidth import measure_collective
 from course_lib.support.digits import batch_slice, digits_tensors, mlp
 
-__all__ = ["DataParallelNaive", "DataParallelOverlap", "DataParallelBucket", "assign_buckets", "Event", "WRAPPERS",
-           "step_times"]
+__all__ = ["DataParallelNaive", "DataParallelFlat", "DataParallelOverlap", "DataParallelBucket", "assign_buckets",
+           "Event", "WRAPPERS", "exposed_communication", "communication_time", "waiting_for_peers", "step_times",
+           "communication_alone"]
 
 
 class Event(NamedTuple):
@@ -59,7 +66,7 @@ def _finished_at(events: list, kind: str, label: str, start: float):
 
 
 class _DataParallel(nn.Module):
-    """What the three wrappers share: the broadcast at construction, forward, the timeline."""
+    """What the wrappers share: the broadcast at construction, forward, the timeline."""
 
     def __init__(self, module: nn.Module, process_group=None):
         super().__init__()
@@ -140,6 +147,34 @@ class DataParallelNaive(_DataParallel):
             # that 16-bit gradients cannot overflow in the sum; the other two wrappers do too)
             p.grad.div_(self.world_size)
             self.events.append(Event("all_reduce", name, start, time.perf_counter()))
+
+
+class DataParallelFlat(_DataParallel):
+    """Fewer messages, no overlap: after backward, every gradient is copied into one flat buffer,
+    averaged with a single blocking all-reduce, and copied back. One latency per step instead of
+    one per parameter, but nothing is sent before backward is over, and the two copies cost a pass
+    over the gradients each. (Horovod's *tensor fusion* and DDP's single first bucket do the same.)"""
+
+    def __init__(self, module: nn.Module, process_group=None):
+        super().__init__(module, process_group)
+        dtypes = {p.dtype for _, p in self.named}
+        if len(dtypes) > 1:
+            raise ValueError(f"parameters of several dtypes {sorted(map(str, dtypes))}: one flat buffer needs one; "
+                             "convert the model with .to(dtype) first")
+        for name, p in self.named:
+            p.register_post_accumulate_grad_hook(lambda _p, name=name: self._gradient_ready(name))
+
+    def finish_gradient_synchronization(self) -> None:
+        self._missing_gradients()
+        grads = [p.grad for _, p in self.named]
+        flat = torch.cat([g.reshape(-1) for g in grads]).div_(self.world_size)
+        start = time.perf_counter()
+        hooks.all_reduce_counted(flat, self.process_group)
+        self.events.append(Event("all_reduce", "all gradients", start, time.perf_counter()))
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
 
 
 class DataParallelOverlap(_DataParallel):
@@ -258,32 +293,72 @@ class DataParallelBucket(_DataParallel):
             bucket.arrived, bucket.future = set(), None
 
 
-WRAPPERS = {"naive": DataParallelNaive, "overlap": DataParallelOverlap, "bucket": DataParallelBucket}
+WRAPPERS = {"naive": DataParallelNaive, "flat": DataParallelFlat, "overlap": DataParallelOverlap,
+            "bucket": DataParallelBucket}
 
 
-def step_times(rank: int, world_size: int, kinds: tuple = ("naive", "overlap", "bucket", "ddp"), steps: int = 20,
-               hidden: int = 512, depth: int = 4, batch_size: int = 64, bucket_cap_mb: float = 25.0,
+def exposed_communication(events: list[Event]) -> float:
+    """Seconds the step waited for communication after backward: the end of the last all-reduce
+    minus the end of backward (when the last gradient was ready), 0 if the all-reduces were all
+    over by then. All of it when nothing overlaps; only the tail when the all-reduces run behind
+    backward."""
+    backward_end = max(e.end_s for e in events if e.kind == "backward")
+    return max(0.0, max(e.end_s for e in events if e.kind == "all_reduce") - backward_end)
+
+
+def communication_time(events: list[Event]) -> float:
+    """Seconds during which at least one all-reduce was in flight (launched, not yet completed): the
+    length of the union of the all-reduce bars, so that all-reduces queued together count once."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted((e.start_s, e.end_s) for e in events if e.kind == "all_reduce"):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def waiting_for_peers(events_by_rank: list[list[Event]]) -> list[float]:
+    """Per rank, the seconds its all-reduces of one step spent waiting for the last rank to launch
+    the same all-reduce: the sum over all-reduces of (latest launch among the ranks - its own
+    launch). ``events_by_rank``: each rank's events of the same step; the all-reduces are matched
+    by their order, which is the same on every rank for the blocking wrappers (naive, flat)."""
+    launches = [[e.start_s for e in events if e.kind == "all_reduce"] for events in events_by_rank]
+    if len({len(x) for x in launches}) != 1:
+        raise ValueError(f"the ranks issued different numbers of all-reduces: {[len(x) for x in launches]}")
+    latest = [max(starts) for starts in zip(*launches)]
+    return [sum(last - own for last, own in zip(latest, mine)) for mine in launches]
+
+
+def step_times(rank: int, world_size: int, kinds: tuple = ("naive", "flat", "overlap", "bucket", "ddp"),
+               steps: int = 20, hidden: int = 512, depth: int = 4, batch_size: int = 64, bucket_cap_mb: float = 25.0,
                threads: int = 1) -> dict:
     """Worker: train steps of the digits MLP with each wrapper in ``kinds`` (``"ddp"``: torch's
     DistributedDataParallel), taking turns step by step so that all see the same machine load.
+    ``"bucket:0.25"`` (or ``"ddp:0.25"``) is that wrapper with ``bucket_cap_mb=0.25``; a plain
+    ``"bucket"`` or ``"ddp"`` takes ``bucket_cap_mb``.
 
     Returns, per kind: ``step_s`` (forward, backward, synchronization, SGD step; after 3 warm-up
-    steps), ``events`` and ``step_start_s`` of the last step (the wrappers' timeline), the
-    collectives and bytes of one step, and the parameters after the last step (``params``, flat).
+    steps); for the course's wrappers, per timed step, ``backward_s`` (from the start of backward to
+    the last gradient), ``exposed_s`` (:func:`exposed_communication`),
+    ``comm_s`` (:func:`communication_time`) and ``step_events`` (the timeline), with ``events`` and
+    ``step_start_s`` of the last step; the collectives and bytes of one step, and the parameters
+    after the last step (``params``, flat).
     """
     torch.set_num_threads(threads)
     x, y, _, _ = digits_tensors(seed=0)
     models, opts = {}, {}
     for kind in kinds:
+        name, _, cap = kind.partition(":")
+        cap_mb = float(cap) if cap else bucket_cap_mb
         model = mlp(hidden=hidden, depth=depth, seed=0)
-        if kind == "ddp":
-            models[kind] = DDP(model, bucket_cap_mb=bucket_cap_mb)
-        elif kind == "bucket":
-            models[kind] = DataParallelBucket(model, bucket_cap_mb=bucket_cap_mb)
+        if name == "ddp":
+            models[kind] = DDP(model, bucket_cap_mb=cap_mb)
+        elif name == "bucket":
+            models[kind] = DataParallelBucket(model, bucket_cap_mb=cap_mb)
         else:
-            models[kind] = WRAPPERS[kind](model)
+            models[kind] = WRAPPERS[name](model)
         opts[kind] = torch.optim.SGD(models[kind].parameters(), lr=0.01)
-    out = {kind: {"step_s": []} for kind in kinds}
+    out = {kind: {"step_s": [], "backward_s": [], "exposed_s": [], "comm_s": [], "step_events": []} for kind in kinds}
     for step in range(steps + 3):
         rows = batch_slice(step, batch_size, len(x), rank, world_size)
         for kind in kinds:
@@ -293,14 +368,47 @@ def step_times(rank: int, world_size: int, kinds: tuple = ("naive", "overlap", "
             start = time.perf_counter()
             opt.zero_grad()
             nn.functional.cross_entropy(model(x[rows]), y[rows]).backward()
-            if kind != "ddp":
+            if isinstance(model, _DataParallel):
                 model.finish_gradient_synchronization()
             opt.step()
             if step >= 3:
                 out[kind]["step_s"].append(time.perf_counter() - start)
+                if isinstance(model, _DataParallel):
+                    backward = [e for e in model.events if e.kind == "backward"]
+                    out[kind]["backward_s"].append(max(e.end_s for e in backward) - min(e.start_s for e in backward))
+                    out[kind]["exposed_s"].append(exposed_communication(model.events))
+                    out[kind]["comm_s"].append(communication_time(model.events))
+                    out[kind]["step_events"].append(list(model.events))
             out[kind]["step_start_s"] = start
             out[kind]["traffic"] = hooks.traffic.snapshot()
             out[kind]["events"] = list(getattr(model, "events", []))
     for kind in kinds:
         out[kind]["params"] = torch.cat([p.detach().flatten() for p in models[kind].parameters()])
+    return out
+
+
+def communication_alone(rank: int, world_size: int, sequences: dict, fit_sizes: tuple = (), iters: int = 10) -> dict:
+    """Worker: the all-reduces of a step without the step. For each ``name: [bytes, ...]`` of
+    ``sequences`` (one step's float32 messages, in order), the time of those all-reduces issued back to
+    back after a barrier, as a wrapper that does not overlap issues them (``"sequence"``), and of
+    each message issued alone between barriers (``"alone"``, by size); ``"fit"``: the rows of
+    ``fit_sizes`` timed alone, for :func:`course_lib.costmodel.fit_ring_all_reduce`. Every time is
+    the median over ``iters`` runs (after one warm-up) of the slowest rank.
+    """
+    sizes = sorted({n for msgs in sequences.values() for n in msgs})
+    alone = {row["size_bytes"]: row["time_s"] for row in measure_collective("all_reduce", sizes, iters=iters)}
+    out = {"fit": measure_collective("all_reduce", list(fit_sizes), iters=iters), "alone": alone, "sequence": {}}
+    for name, msgs in sequences.items():
+        tensors = [torch.ones(n // 4) for n in msgs]
+        times = []
+        for i in range(iters + 1):
+            dist.barrier()
+            start = time.perf_counter()
+            for t in tensors:
+                dist.all_reduce(t)
+            if i:
+                times.append(time.perf_counter() - start)
+        slowest = torch.tensor(times, dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        out["sequence"][name] = statistics.median(slowest.tolist())
     return out

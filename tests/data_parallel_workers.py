@@ -3,6 +3,7 @@
 import copy
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -28,6 +29,8 @@ class ManyShapes(nn.Module):
 def _wrap(kind, model, bucket_cap_mb):
     if kind == "naive":
         return data_parallel.DataParallelNaive(model)
+    if kind == "flat":
+        return data_parallel.DataParallelFlat(model)
     if kind == "overlap":
         return data_parallel.DataParallelOverlap(model)
     return data_parallel.DataParallelBucket(model, bucket_cap_mb=bucket_cap_mb)
@@ -105,3 +108,30 @@ def wrap_twice(rank, world_size):
     except RuntimeError as e:
         return str(e)
     return None
+
+
+# Wrong hooks, for the hook check of course_lib.support.ddp_program (spawn sends them by name).
+
+def sum_hook(process_group, bucket):
+    """Forgets to divide by the world size: the sum of the ranks' gradients, not their average."""
+    work = dist.all_reduce(bucket.buffer(), group=process_group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+def fp16_sum_hook(process_group, bucket):
+    """torch's fp16 hook without its division by the world size."""
+    buffer = bucket.buffer()
+    compressed = buffer.to(torch.float16)
+    work = dist.all_reduce(compressed, group=process_group, async_op=True)
+
+    def decompress(fut):
+        buffer.copy_(fut.value()[0])
+        return buffer
+
+    return work.get_future().then(decompress)
+
+
+def rank0_only_hook(process_group, bucket):
+    """Broadcasts rank 0's gradient instead of averaging: every rank agrees, on the wrong gradient."""
+    work = dist.broadcast(bucket.buffer(), src=0, group=process_group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])

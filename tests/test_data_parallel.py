@@ -2,14 +2,17 @@
 
 import pytest
 import torch
+from torch.distributed.algorithms.ddp_comm_hooks import debugging_hooks, default_hooks
 
-from course_lib import data_parallel
+from course_lib import data_parallel, hooks
 from course_lib.launch import spawn
+from course_lib.support import ddp_program
+from course_lib.support.digits import mlp
 from tests import data_parallel_workers as W
 
 
 @pytest.mark.parametrize("kind, world_size, bucket_cap_mb", [
-    ("naive", 2, 25.0), ("overlap", 3, 25.0), ("bucket", 4, 0.002), ("bucket", 2, 25.0),
+    ("naive", 2, 25.0), ("flat", 3, 25.0), ("overlap", 3, 25.0), ("bucket", 4, 0.002), ("bucket", 2, 25.0),
 ])
 def test_same_gradients_and_parameters_as_torch_ddp(kind, world_size, bucket_cap_mb):
     outs = spawn(W.against_ddp, world_size, kind, bucket_cap_mb, backend="gloo", timeout_s=120)
@@ -30,6 +33,8 @@ def test_collectives_and_bytes_counted():
     n_params, n_bytes = 9, 4 * sum(p.numel() for p in W.ManyShapes().parameters())
     naive = spawn(W.against_ddp, 2, "naive", backend="gloo")[0]
     assert naive["traffic"] == [{"collectives": n_params, "bytes": n_bytes}] * 3
+    flat = spawn(W.against_ddp, 2, "flat", backend="gloo")[0]
+    assert flat["traffic"] == [{"collectives": 1, "bytes": n_bytes}] * 3
     overlap = spawn(W.against_ddp, 2, "overlap", backend="gloo")[0]
     assert overlap["traffic"] == [{"collectives": n_params, "bytes": n_bytes}] * 3
     bucket = spawn(W.against_ddp, 2, "bucket", 0.002, backend="gloo")[0]
@@ -53,6 +58,60 @@ def test_timeline_has_a_backward_and_an_all_reduce_per_parameter():
     assert first_ar < last_ready
 
 
+def test_exposed_communication_is_what_outlasts_backward():
+    E = data_parallel.Event
+    backward = [E("backward", "b", 0.0, 1.0), E("backward", "w", 1.0, 3.0)]
+    # two all-reduces after backward, one after the other: all of it exposed
+    after = [E("all_reduce", "w", 3.0, 4.0), E("all_reduce", "b", 4.0, 6.0)]
+    assert data_parallel.exposed_communication(backward + after) == 3.0
+    assert data_parallel.communication_time(backward + after) == 3.0
+    # launched during backward, queued together: only the tail after backward is exposed, and
+    # the time in flight counts the overlapping bars once
+    during = [E("all_reduce", "b", 1.0, 2.5), E("all_reduce", "w", 1.5, 3.5)]
+    assert data_parallel.exposed_communication(backward + during) == 0.5
+    assert data_parallel.communication_time(backward + during) == 2.5
+    # all over before backward ended: nothing exposed
+    assert data_parallel.exposed_communication(backward + [E("all_reduce", "b", 1.0, 2.0)]) == 0.0
+    # gaps between bars are not communication
+    assert data_parallel.communication_time([E("all_reduce", "a", 0.0, 1.0), E("all_reduce", "b", 2.0, 2.5)]) == 1.5
+
+
+def test_waiting_for_peers_is_the_wait_for_the_latest_launch():
+    E = data_parallel.Event
+    rank0 = [E("backward", "w", 0.0, 1.0), E("all_reduce", "w", 1.0, 3.0), E("all_reduce", "b", 3.0, 4.0)]
+    rank1 = [E("backward", "w", 0.0, 2.0), E("all_reduce", "w", 2.0, 3.0), E("all_reduce", "b", 3.5, 4.0)]
+    assert data_parallel.waiting_for_peers([rank0, rank1]) == [1.0 + 0.5, 0.0]
+    with pytest.raises(ValueError, match="different numbers"):
+        data_parallel.waiting_for_peers([rank0, rank1[:2]])
+
+
+def test_communication_alone_times_every_message_and_sequence():
+    sequences = {"two": [4096, 400], "one": [4496]}
+    for out in spawn(data_parallel.communication_alone, 2, sequences, (4096, 8192), 2, backend="gloo"):
+        assert sorted(out["alone"]) == [400, 4096, 4496]
+        assert [row["size_bytes"] for row in out["fit"]] == [4096, 8192]
+        assert sorted(out["sequence"]) == ["one", "two"]
+        assert all(t > 0 for t in [*out["alone"].values(), *out["sequence"].values()])
+
+
+def test_step_times_measures_what_each_wrapper_exposes():
+    kinds = ("naive", "flat", "overlap", "bucket:0.001", "ddp:0.001")
+    outs = spawn(data_parallel.step_times, 2, kinds, 2, 32, 2, 16, backend="gloo", timeout_s=120)
+    sizes = [p.numel() * 4 for p in reversed(list(mlp(hidden=32, depth=2).parameters()))]
+    for out in outs:
+        assert out["flat"]["traffic"]["collectives"] == 1
+        assert out["naive"]["traffic"]["collectives"] == len(sizes)
+        assert out["bucket:0.001"]["traffic"]["collectives"] == len(data_parallel.assign_buckets(sizes, 0.001 * 2**20))
+        for kind in kinds:
+            assert len(out[kind]["step_s"]) == 2
+            torch.testing.assert_close(out[kind]["params"], out["ddp:0.001"]["params"], rtol=0, atol=1e-6)
+        # nothing overlaps in naive and flat: every moment an all-reduce was in flight came after backward
+        for kind in ("naive", "flat"):
+            for exposed, comm in zip(out[kind]["exposed_s"], out[kind]["comm_s"]):
+                assert exposed >= comm > 0
+        assert out["ddp:0.001"]["exposed_s"] == []  # torch's DDP keeps no timeline
+
+
 def test_assign_buckets_closes_a_bucket_once_it_reaches_the_cap():
     assert data_parallel.assign_buckets([4, 4, 4, 4], 8) == [[0, 1], [2, 3]]
     assert data_parallel.assign_buckets([10, 1, 1, 1], 8) == [[0], [1, 2, 3]]
@@ -61,7 +120,7 @@ def test_assign_buckets_closes_a_bucket_once_it_reaches_the_cap():
         data_parallel.assign_buckets([1], 0)
 
 
-@pytest.mark.parametrize("kind", ["naive", "overlap", "bucket"])
+@pytest.mark.parametrize("kind", ["naive", "flat", "overlap", "bucket"])
 def test_unused_parameter_is_a_clear_error(kind):
     message = spawn(W.misuse, 2, kind, "unused", backend="gloo")[0]
     assert message is not None and "unused.weight" in message and "find_unused_parameters" in message
@@ -90,3 +149,35 @@ def test_no_sync_accumulates_as_torch_ddp_does(kind):
 def test_wrapping_a_module_twice_is_a_clear_error():
     message = spawn(W.wrap_twice, 2, backend="gloo")[0]
     assert message is not None and "already wrapped by DataParallelBucket" in message
+
+
+@pytest.mark.parametrize("world_size, batch_size", [(2, 64), (3, 63)])
+def test_the_hook_check_accepts_right_hooks_and_refuses_wrong_ones(world_size, batch_size):
+    right = {"allreduce": (hooks.allreduce_hook, torch.float32), "fp16": (hooks.fp16_compress_hook, torch.float16),
+             "bf16": (hooks.bf16_compress_hook, torch.bfloat16),
+             "torch allreduce": (default_hooks.allreduce_hook, torch.float32),
+             "torch fp16": (default_hooks.fp16_compress_hook, torch.float16)}
+    wrong = {"noop": (hooks.noop_hook, torch.float32), "torch noop": (debugging_hooks.noop_hook, torch.float32),
+             "sum": (W.sum_hook, torch.float32), "fp16 sum": (W.fp16_sum_hook, torch.float16),
+             "rank 0 only": (W.rank0_only_hook, torch.float32),
+             # right, but judged at float32's tolerance: the check knows what rounding to expect
+             "fp16 as if float32": (hooks.fp16_compress_hook, torch.float32)}
+    runs = {name: hook for name, (hook, _) in {**right, **wrong}.items()}
+    outs = spawn(ddp_program.one_step_gradients, world_size, runs, 64, batch_size, backend="gloo", timeout_s=120)
+    for rank, out in enumerate(outs):
+        # the reference is one process's gradient of the whole batch: the same on every rank
+        assert torch.equal(out["reference"], outs[0]["reference"])
+        for name, (_, dtype) in right.items():
+            assert ddp_program.check_gradient(out[name], out["reference"], dtype), (rank, name)
+        for name, (_, dtype) in wrong.items():
+            assert not ddp_program.check_gradient(out[name], out["reference"], dtype), (rank, name)
+        # the course's hooks are torch's code: the same gradient, bit for bit
+        assert torch.equal(out["allreduce"], out["torch allreduce"]) and torch.equal(out["fp16"], out["torch fp16"])
+
+
+def test_a_hook_ddp_refuses_is_reported_not_raised():
+    out = spawn(ddp_program.one_step_gradients, 2, {"torch bf16": default_hooks.bf16_compress_hook},
+                backend="gloo")[0]
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA build may accept torch's bf16 hook")
+    assert isinstance(out["torch bf16"], str) and "NCCL" in out["torch bf16"]

@@ -5,6 +5,9 @@ itself, wraps the model in ``DistributedDataParallel``, registers a communicatio
 leaves. ``torch.multiprocessing.spawn`` starts it; ``course_lib.launch.spawn`` starts
 ``train_steps``, its middle part, in a group already joined. Run as a script under ``torchrun``
 (``python -m course_lib.support.ddp_program``), this module prints the ranks torchrun gave it.
+``one_step_gradients`` and ``check_gradient`` test communication hooks: a hook is right when the
+gradient it leaves after one backward is the whole batch's, computed in one process, to within
+the rounding of the hook's precision.
 """
 
 import datetime
@@ -22,9 +25,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib import hooks
 from course_lib.support.digits import batch_slice, digits_tensors, mlp
+from course_lib.train import TrainConfig, make_hook
 
-__all__ = ["train_steps", "ddp_program", "fail_on_rank_one", "torch_bf16_refusal", "subgroup_and_timeout",
-           "print_ranks", "two_node_torchrun"]
+__all__ = ["train_steps", "ddp_program", "fail_on_rank_one", "torch_bf16_refusal", "one_step_gradients",
+           "TOLERANCE", "relative_error", "check_gradient", "subgroup_and_timeout", "print_ranks",
+           "two_node_torchrun"]
 
 
 def train_steps(rank: int, world_size: int, steps: int = 20) -> dict:
@@ -74,6 +79,58 @@ def torch_bf16_refusal(rank: int, world_size: int) -> str:
     except Exception as e:
         return f"{type(e).__name__}: {e}"
     return "accepted"
+
+
+def one_step_gradients(rank: int, world_size: int, hooks_to_run: dict, hidden: int = 64, batch_size: int = 64,
+                       seed: int = 0) -> dict:
+    """Worker: for each ``name: hook`` of ``hooks_to_run``, a new DDP model (the same init on every
+    rank) with that hook registered, one backward on this rank's share of a global batch, and the
+    gradient DDP leaves in ``.grad`` (flat). A hook is a function ``hook(process_group, bucket)``,
+    registered with the default group as its state, or a ``course_lib.train.TrainConfig`` (its
+    ``make_hook`` builds the state). A hook DDP refuses to register gives the refusal's message
+    (a string) instead of a gradient.
+
+    ``"reference"`` is the gradient of the mean loss of the whole global batch, computed in this
+    one process without DDP and without any communication: the average of the ranks' gradients
+    that every correct hook must deliver, up to rounding.
+    """
+    x, y, _, _ = digits_tensors(seed=0)
+    everything = slice(0, batch_size)  # rank r's share is the r-th piece of it (batch_slice, step 0)
+    model = mlp(hidden=hidden, seed=seed)
+    nn.functional.cross_entropy(model(x[everything]), y[everything]).backward()
+    out = {"reference": torch.cat([p.grad.flatten() for p in model.parameters()])}
+    mine = batch_slice(0, batch_size, len(x), rank, world_size)
+    for name, hook in hooks_to_run.items():
+        ddp_model = DDP(mlp(hidden=hidden, seed=seed))
+        try:
+            if isinstance(hook, TrainConfig):
+                ddp_model.register_comm_hook(*make_hook(hook))
+            else:
+                ddp_model.register_comm_hook(None, hook)
+        except Exception as e:  # torch's bf16 hook on a CPU build, for one
+            out[name] = f"{type(e).__name__}: {e}"
+            continue
+        nn.functional.cross_entropy(ddp_model(x[mine]), y[mine]).backward()
+        out[name] = torch.cat([p.grad.flatten() for p in ddp_model.parameters()])
+    return out
+
+
+# How far a hook's averaged gradient may be from the reference, relative to its norm, set by the
+# dtype the hook communicates in. A 16-bit hook rounds twice (the cast of each rank's gradient and
+# the sum), by at most the unit roundoff u each (2**-11 for float16, 2**-8 for bfloat16): 4u leaves
+# room. float32 rounds the ranks' and the whole batch's sums in different orders: 1e-6 (about 16u);
+# measured: about 1e-7. A lossy hook (PowerSGD) has no tolerance of this kind: it fails by design.
+TOLERANCE = {torch.float32: 1e-6, torch.float16: 4 * 2.0**-11, torch.bfloat16: 4 * 2.0**-8}
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """``||got - want|| / ||want||``, in float64."""
+    return ((got.double() - want.double()).norm() / want.double().norm()).item()
+
+
+def check_gradient(got: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype = torch.float32) -> bool:
+    """Whether ``got`` is ``reference`` to within ``TOLERANCE[dtype]`` (relative, in norm)."""
+    return relative_error(got, reference) <= TOLERANCE[dtype]
 
 
 def subgroup_and_timeout(rank: int, world_size: int, timeout_s: float = 2.0) -> dict:
