@@ -24,7 +24,7 @@ def _one_process_params(steps=20):
 
 
 def test_the_plain_ddp_program_under_mp_spawn_agrees_with_launch_spawn(tmp_path):
-    mp.spawn(ddp_program.ddp_program, args=(2, free_port(), str(tmp_path)), nprocs=2)
+    mp.spawn(ddp_program.ddp_program, args=(2, str(tmp_path)), nprocs=2)
     plain = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     ours = spawn(ddp_program.train_steps, 2, backend="gloo")
     # every rank starts from its own init; DDP broadcasts rank 0's, so all four end the same

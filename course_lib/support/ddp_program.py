@@ -50,14 +50,18 @@ def train_steps(rank: int, world_size: int, steps: int = 20) -> dict:
     return {"rank": rank, "loss": loss.item(), "params": torch.cat([p.detach().flatten() for p in model.parameters()])}
 
 
-def ddp_program(rank: int, world_size: int, port: int, out_dir: str) -> None:
-    """The whole program, for ``torch.multiprocessing.spawn(ddp_program, args=(world_size, port, out_dir),
+def ddp_program(rank: int, world_size: int, out_dir: str) -> None:
+    """The whole program, for ``torch.multiprocessing.spawn(ddp_program, args=(world_size, out_dir),
     nprocs=world_size)``: mp.spawn passes the process index as ``rank`` and returns nothing, so each
     rank saves its result to a file."""
     backend = "nccl" if torch.cuda.device_count() >= world_size else "gloo"  # one GPU per process, or CPUs
     if backend == "nccl":
         torch.cuda.set_device(rank)  # before the first collective: NCCL binds to the current device
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    # The ranks meet through a file that none of them has to host. With tcp://127.0.0.1:PORT, rank 0
+    # listens on a port chosen beforehand, and until it does, another program can take that port or
+    # (on Linux) a rank's connection attempt can connect to itself.
+    rendezvous = "file://" + os.path.join(out_dir, "rendezvous")
+    dist.init_process_group(backend, init_method=rendezvous, rank=rank, world_size=world_size)
     result = train_steps(rank, world_size)
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.barrier()
