@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 
 from course_lib import hooks
 from course_lib.launch import worker_device
+from course_lib.support import checks
 from course_lib.support.digits import batch_slice, digits_tensors, mlp
 
 __all__ = [
@@ -32,8 +33,12 @@ __all__ = [
 
 def split(x: torch.Tensor, y: torch.Tensor, sizes) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Cut a batch into micro-batches of the given sizes (an int k means k near-equal parts)."""
+    # An empty micro-batch has a mean loss of NaN, which the weighted sum would carry into .grad.
     if isinstance(sizes, int):
+        checks.integer("k (the number of micro-batches)", sizes, 1, len(x))
         return list(zip(x.tensor_split(sizes), y.tensor_split(sizes)))
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes):
+        raise ValueError(f"micro-batch sizes must be integers >= 1, got {list(sizes)}")
     if sum(sizes) != len(x):
         raise ValueError(f"micro-batch sizes {list(sizes)} add up to {sum(sizes)}, not the batch size {len(x)}")
     return list(zip(x.split(list(sizes)), y.split(list(sizes))))
@@ -76,6 +81,10 @@ def train(batch_size: int, k: int, steps: int, lr: float = 0.1, seed: int = 0, p
     curves coincide: accumulation changes the memory needed, not the maths.
     """
     x_train, y_train, _, _ = digits_tensors()
+    checks.integer("batch_size", batch_size, 1, len(x_train))
+    checks.integer("k", k, 1, batch_size)  # at least one sample per micro-batch
+    checks.integer("steps", steps, 0)
+    checks.number("lr", lr, 0, low_open=True)
     model = mlp(seed=seed)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     loss_fn = nn.CrossEntropyLoss()

@@ -41,6 +41,13 @@ def _check(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.view(-1)
 
 
+def _check_root(name: str, root, size: int) -> int:
+    # A root outside 0..size-1 would be taken modulo size below: a silent broadcast from another rank.
+    if not isinstance(root, int) or isinstance(root, bool) or not 0 <= root < size:
+        raise ValueError(f"{name} must be a rank of the group, 0 to {size - 1}, got {root!r}")
+    return root
+
+
 def naive_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
     """Sum ``tensor`` over all ranks, in place, through rank 0: p - 1 receives, then p - 1 sends."""
     flat = _check(tensor)
@@ -64,6 +71,7 @@ def tree_broadcast(tensor: torch.Tensor, src: int = 0, group=None) -> torch.Tens
     """Copy ``src``'s tensor to every rank along a binomial tree, in ceil(log2 p) rounds."""
     flat = _check(tensor)
     rank, size = _rank_size(group)
+    _check_root("src", src, size)
     vrank = (rank - src) % size  # ranks renumbered so that src is 0
     # Receive once, from the rank that differs in our lowest set bit...
     mask = 1
@@ -88,6 +96,7 @@ def tree_reduce(tensor: torch.Tensor, dst: int = 0, group=None) -> torch.Tensor:
     """
     flat = _check(tensor)
     rank, size = _rank_size(group)
+    _check_root("dst", dst, size)
     vrank = (rank - dst) % size
     incoming = None
     mask = 1

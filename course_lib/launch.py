@@ -61,6 +61,9 @@ __all__ = [
 # How long a terminated worker gets to exit before it is killed.
 _GRACE_S = 3.0
 
+# More processes than this is almost surely a typo (10**6 for 10**2); spawn(max_world_size=None) allows it.
+_DEFAULT_MAX_WORLD_SIZE = max(16, 8 * (os.cpu_count() or 1))
+
 
 class WorkerError(RuntimeError):
     """A worker raised (or died). ``rank``, ``exc_type`` and ``worker_traceback`` say which and how.
@@ -312,7 +315,8 @@ def _raise_first_failure(procs, results, values, errors, window_s: float = 1.0, 
 
 
 def spawn(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 120.0,
-          progress: int | None = None, desc: str | None = None) -> list:
+          progress: int | None = None, desc: str | None = None,
+          max_world_size: int | None = _DEFAULT_MAX_WORLD_SIZE) -> list:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` new processes; return their results.
 
     Each process has the default process group initialized (``dist.get_rank()`` works inside
@@ -331,16 +335,25 @@ def spawn(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 
 
     Failures never hang: if a worker raises or dies, the others are terminated and a
     :class:`WorkerError` names the rank and carries its exception type, message and traceback.
-    If the group has not finished after ``timeout_s`` seconds, every worker is killed and a
-    ``TimeoutError`` names the ranks still running.
+    If the group has not finished ``timeout_s`` seconds after the call (starting the workers
+    included), every worker is killed and a ``TimeoutError`` names the ranks still running.
+
+    ``world_size`` above ``max_world_size`` (default: 8 per core, at least 16) is refused with a
+    ``ValueError``; pass ``max_world_size=None`` to start that many processes anyway.
 
     ``progress=TOTAL`` shows a ``tqdm`` progress bar (``desc`` its label) that the workers advance
     with :func:`report_progress`.
     """
-    if not isinstance(world_size, int) or world_size < 1:
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
-    if timeout_s <= 0:
-        raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
+    if max_world_size is not None and world_size > max_world_size:
+        raise ValueError(
+            f"world_size={world_size} processes on a machine with {os.cpu_count()} cores: more than "
+            f"max_world_size={max_world_size}, which spawn refuses so that a typo does not start "
+            f"thousands of processes. Pass max_world_size=None (or a larger number) to start them anyway."
+        )
+    if not isinstance(timeout_s, (int, float)) or not timeout_s > 0 or timeout_s == float("inf"):
+        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
     _check_picklable_by_reference(fn)
     backend = _validate_backend(backend, world_size)
 
@@ -358,12 +371,12 @@ def spawn(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 
     bar = None
     if progress:
         bar = tqdm(total=progress, desc=desc or getattr(fn, "__name__", "workers"))
+    deadline = time.monotonic() + timeout_s  # starting the workers counts: importing torch takes seconds each
     try:
         _start_workers(procs, error_files, world_size, (fn, world_size, store.port, backend, timeout_s, args, results))
         # Wait on our own queue rather than in ProcessContext.join: join watches only exit codes
         # (our workers report failures on the queue and exit with 0), and a worker whose result is
         # still in the queue's pipe cannot exit until someone reads it.
-        deadline = time.monotonic() + timeout_s
         while len(values) < world_size:
             remaining = deadline - time.monotonic()
             if remaining <= 0:

@@ -18,6 +18,7 @@ its one power step (``power_step_p`` and ``power_step_qt``, the two products).
 import torch
 from tqdm.auto import tqdm
 
+from course_lib.support import checks
 from course_lib.support.timing import median_seconds
 
 __all__ = [
@@ -66,8 +67,9 @@ def _check_rank(M: torch.Tensor, rank: int) -> None:
     if M.dim() not in (2, 3):
         raise ValueError(f"expected a matrix (n, m) or a batch (b, n, m), got shape {tuple(M.shape)}")
     limit = min(M.shape[-2], M.shape[-1])
-    if not 1 <= rank <= limit:
-        raise ValueError(f"rank must be between 1 and min(n, m) = {limit} for a {tuple(M.shape)} matrix, got {rank}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= limit:
+        raise ValueError(f"rank must be an integer between 1 and min(n, m) = {limit} for a {tuple(M.shape)} "
+                         f"matrix, got {rank!r}")
 
 
 def power_step_p(M: torch.Tensor, Q: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -145,6 +147,9 @@ def svd_error(M: torch.Tensor, rank: int) -> float:
     ``sqrt(sum_{i>r} s_i^2 / sum_i s_i^2)`` with ``s_1 >= s_2 >= ...``: the energy beyond the first r
     singular values (``s[rank:]`` below, counting from 0).
     """
+    if M.dim() != 2:
+        raise ValueError(f"svd_error expects a matrix (n, m), got shape {tuple(M.shape)}")
+    checks.integer("rank", rank, 0, min(M.shape))  # rank 0: nothing kept, error 1
     s = torch.linalg.svdvals(M.double())
     energy = s.square()
     return (energy[rank:].sum() / energy.sum()).sqrt().item()
@@ -152,6 +157,7 @@ def svd_error(M: torch.Tensor, rank: int) -> float:
 
 def compression_ratio(n: int, m: int, rank: int) -> float:
     """Numbers in M over numbers in P and Q: n m / ((n + m) rank)."""
+    checks.integer("n", n, 1), checks.integer("m", m, 1), checks.integer("rank", rank, 1)
     return n * m / ((n + m) * rank)
 
 

@@ -82,3 +82,15 @@ def ddp_bucket_numels(rank, world_size, bucket_cap_mb, iterations=3):
         nn.functional.cross_entropy(model(x), y).backward()
         out.append([c["numel"] for c in log.calls[before:]])
     return out
+
+
+def bad_roots(rank, world_size, cases):
+    """Worker: call each ``(tree collective, root)`` of ``cases``; the error messages (or "accepted")."""
+    out = []
+    for op, root in cases:
+        try:
+            getattr(C, op)(torch.ones(3), root)
+            out.append("accepted")
+        except ValueError as e:
+            out.append(str(e))
+    return out

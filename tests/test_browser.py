@@ -41,6 +41,14 @@ pytestmark = [
 ]
 
 
+_LAB_LOG = [None]
+
+
+def _lab_log_tail(chars=3000):
+    path = _LAB_LOG[0]
+    return path.read_text(errors="replace")[-chars:] if path and path.exists() else ""
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     work = tmp_path_factory.mktemp("lab")
@@ -65,6 +73,7 @@ def lab(tmp_path_factory):
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")
     log = open(work / "lab.log", "w")
+    _LAB_LOG[0] = work / "lab.log"  # the kernels' stderr: what a crashed worker printed before it died
     proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90
@@ -179,7 +188,7 @@ def test_notebook_runs_in_jupyterlab_without_errors(lab, browser, name):
         _open_and_run(page, lab, name)
         errors = page.evaluate(ERRORS)
         page.screenshot(path=str(SHOTS / f"{name}.after.png"), full_page=True)
-        assert errors == [], f"{name}: cells ended in errors: {errors}"
+        assert errors == [], f"{name}: cells ended in errors: {errors}\n\nJupyterLab's log ends:\n{_lab_log_tail()}"
         # every notebook draws figures, and shows the img/ diagrams it names: all must be decoded images
         shown = page.evaluate(PICTURES)
         diagrams = (ROOT / "notebooks" / name).read_text().count("../img/")

@@ -92,3 +92,13 @@ def test_exercise_checks(capsys):
     assert "it called dist.all_reduce" in capsys.readouterr().out
     assert not ex.check_ring_shift(W.todo)
     assert "[not yet] todo" in capsys.readouterr().out
+
+
+def test_a_root_outside_the_group_is_refused_on_every_rank_before_any_message():
+    # Taken modulo the world size, src=5 on 2 ranks used to broadcast from rank 1, silently.
+    cases = [(op, root) for op in ("tree_broadcast", "tree_reduce") for root in (2, 5, -1, 0.0, True)]
+    expected = [f"{'src' if op == 'tree_broadcast' else 'dst'} must be a rank of the group, 0 to 1, got {root!r}"
+                for op, root in cases]
+    assert spawn(W.bad_roots, 2, cases, backend="gloo", timeout_s=30) == [expected] * 2
+    # a root inside the group still works (ones sent from rank 1, or summed into it)
+    assert spawn(W.bad_roots, 2, [("tree_broadcast", 1), ("tree_reduce", 1)], backend="gloo") == [["accepted"] * 2] * 2

@@ -158,10 +158,31 @@ def test_two_concurrent_spawns_do_not_collide():
     assert results["a"][0]["env"]["MASTER_PORT"] != results["b"][0]["env"]["MASTER_PORT"]
 
 
-@pytest.mark.parametrize("world_size", [0, -1, 1.5])
+@pytest.mark.parametrize("world_size", [0, -1, 1.5, True])
 def test_bad_world_size(world_size):
     with pytest.raises(ValueError, match="world_size must be an integer >= 1"):
         launch.spawn(workers.report, world_size, "x")
+
+
+def test_a_world_size_far_above_the_cores_is_refused_before_any_process_starts(monkeypatch):
+    started = []
+    monkeypatch.setattr(launch, "_start_workers", lambda *a: started.append(a))
+    with pytest.raises(ValueError, match=r"world_size=1000000 .*max_world_size=None"):
+        launch.spawn(workers.report, 10**6, "x", backend="gloo")
+    assert started == []
+    # the default cap leaves the course's own sizes alone, and the cap is the caller's to change
+    assert launch._DEFAULT_MAX_WORLD_SIZE >= 16
+    with pytest.raises(ValueError, match="max_world_size=1"):
+        launch.spawn(workers.report, 2, "x", backend="gloo", max_world_size=1)
+    monkeypatch.undo()
+    out = launch.spawn(workers.report, 2, "x", backend="gloo", max_world_size=None)
+    assert [o["rank"] for o in out] == [0, 1]
+
+
+@pytest.mark.parametrize("timeout_s", [0, -1, float("nan"), float("inf"), "60"])
+def test_bad_timeout(timeout_s):
+    with pytest.raises(ValueError, match=f"timeout_s must be a positive number of seconds, got {timeout_s!r}"):
+        launch.spawn(workers.report, 2, "x", timeout_s=timeout_s)
 
 
 def test_nccl_without_enough_gpus():

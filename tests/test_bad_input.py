@@ -1,0 +1,60 @@
+"""Bad input gets a clear error: a ValueError that names the argument and the value, never a silent
+wrong result. One row per (function, bad argument); the distributed ones (launch.spawn, the tree
+collectives) are in test_launch.py and test_collectives.py, where they run real processes.
+"""
+
+import math
+
+import pytest
+import torch
+
+from course_lib import accumulation, lowrank
+from course_lib.support import checks
+
+M = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
+X, Y = torch.randn(5, 3), torch.arange(5)
+
+BAD = [
+    # (call, the words the message must contain)
+    (lambda: lowrank.svd_error(M, -1), "rank must be an integer between 0 and 4, got -1"),
+    (lambda: lowrank.svd_error(M, 5), "rank must be an integer between 0 and 4, got 5"),
+    (lambda: lowrank.svd_error(M, 1.5), "rank must be an integer between 0 and 4, got 1.5"),
+    (lambda: lowrank.svd_error(M[None], 1), "expects a matrix (n, m), got shape (1, 6, 4)"),
+    (lambda: lowrank.compression_ratio(6, 4, -1), "rank must be an integer >= 1, got -1"),
+    (lambda: lowrank.compression_ratio(6, 4, 0), "rank must be an integer >= 1, got 0"),
+    (lambda: lowrank.compression_ratio(0, 4, 1), "n must be an integer >= 1, got 0"),
+    (lambda: lowrank.compression_ratio(6, "4", 1), "m must be an integer >= 1, got '4'"),
+    (lambda: lowrank.power_iteration(M, 0), "rank must be an integer between 1 and min(n, m) = 4"),
+    (lambda: lowrank.power_iteration(M, True), "got True"),
+    (lambda: accumulation.split(X, Y, 6), "k (the number of micro-batches) must be an integer between 1 and 5, got 6"),
+    (lambda: accumulation.split(X, Y, 0), "k (the number of micro-batches) must be an integer between 1 and 5, got 0"),
+    (lambda: accumulation.split(X, Y, [5, 0]), "micro-batch sizes must be integers >= 1, got [5, 0]"),
+    (lambda: accumulation.split(X, Y, [3, 3]), "add up to 6, not the batch size 5"),
+    (lambda: accumulation.train(64, 65, 1), "k must be an integer between 1 and 64, got 65"),
+    (lambda: accumulation.train(0, 1, 1), "batch_size must be an integer between 1 and 1348, got 0"),
+    (lambda: accumulation.train(64, 4, -1), "steps must be an integer >= 0, got -1"),
+    (lambda: accumulation.train(64, 4, 1, lr=math.nan), "lr must be a finite number > 0, got nan"),
+    (lambda: accumulation.train(64, 4, 1, lr=0), "lr must be a finite number > 0, got 0"),
+    (lambda: checks.number("busbw", math.inf, 0, low_open=True), "busbw must be a finite number > 0, got inf"),
+    (lambda: checks.number("x", 2, 0, 1), "x must be a finite number between 0 and 1, got 2"),
+    (lambda: checks.integer("p", 2.0, 1), "p must be an integer >= 1, got 2.0"),
+]
+
+
+@pytest.mark.parametrize("call, words", BAD, ids=[w[:40] for _, w in BAD])
+def test_bad_input_is_refused_naming_the_argument(call, words):
+    with pytest.raises(ValueError) as info:
+        call()
+    assert words in str(info.value)
+
+
+def test_the_edges_of_what_is_allowed_still_work():
+    # rank 0 keeps nothing (error 1), full rank keeps everything (error 0); checked against the SVD
+    assert lowrank.svd_error(M, 0) == pytest.approx(1.0)
+    assert lowrank.svd_error(M, 4) == pytest.approx(0.0, abs=1e-12)
+    s = torch.linalg.svdvals(M.double())
+    assert lowrank.svd_error(M, 1) == pytest.approx(float(s[1:].norm() / s.norm()))
+    assert lowrank.compression_ratio(6, 4, 1) == pytest.approx(24 / 10)
+    # k equal to the batch size: micro-batches of one sample each, none empty
+    assert [len(y) for _, y in accumulation.split(X, Y, 5)] == [1] * 5
+    assert checks.number("x", 1, 0, 1) == 1.0 and checks.integer("p", 1, 1) == 1
