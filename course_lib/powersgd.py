@@ -50,6 +50,7 @@ import torch.distributed as dist
 
 from course_lib import hooks
 from course_lib.lowrank import orthogonalize_, power_step_p, power_step_qt
+from course_lib.support import checks
 
 __all__ = [
     "PowerSGDState",
@@ -147,9 +148,11 @@ class PowerSGDState:
                  min_compression_rate: float = 2, use_error_feedback: bool = True, warm_start: bool = True,
                  orthogonalization_epsilon: float = 0.0, random_seed: int = 0,
                  compression_stats_logging_frequency: int = 10_000, batch_tensors_with_same_shape: bool = False):
-        if not isinstance(matrix_approximation_rank, int) or matrix_approximation_rank < 1:
+        if (not isinstance(matrix_approximation_rank, int) or isinstance(matrix_approximation_rank, bool)
+                or matrix_approximation_rank < 1):
             raise ValueError(f"matrix_approximation_rank must be an integer >= 1 (1 to 4 is typical), "
                              f"got {matrix_approximation_rank!r}")
+        checks.integer("start_powerSGD_iter", start_powerSGD_iter, 0)
         if (use_error_feedback or warm_start) and start_powerSGD_iter <= 1:
             raise ValueError(
                 f"start_powerSGD_iter must be > 1 when use_error_feedback or warm_start is on, got "
@@ -157,11 +160,9 @@ class PowerSGDState:
                 f"kept from before would not match. Use start_powerSGD_iter=2 or more (about 10% of "
                 f"the training steps is a good start), or turn both options off."
             )
-        if orthogonalization_epsilon < 0:
-            raise ValueError(f"orthogonalization_epsilon must be >= 0 (0, or a small value such as 1e-8), "
-                             f"got {orthogonalization_epsilon}")
-        if min_compression_rate < 0:
-            raise ValueError(f"min_compression_rate must be >= 0 (2 is the default), got {min_compression_rate}")
+        # NaN passes a `< 0` test, and would later surface as a "non-finite gradient"
+        checks.number("orthogonalization_epsilon (0, or a small value such as 1e-8)", orthogonalization_epsilon, 0)
+        checks.number("min_compression_rate (2 is the default)", min_compression_rate, 0)
         self.process_group = process_group
         self.matrix_approximation_rank = matrix_approximation_rank
         self.start_powerSGD_iter = start_powerSGD_iter
@@ -331,7 +332,7 @@ def group_matrices(state: PowerSGDState, keys, grads) -> tuple[list[torch.Tensor
     """
     plain, by_shape = [], {}
     for key, grad in zip(keys, grads):
-        if grad.dim() == 0:
+        if grad.dim() == 0 or grad.numel() == 0:  # a scalar, or a parameter with no elements: nothing to factor
             plain.append(grad)
             continue
         matrix = grad.view(grad.shape[0], -1)

@@ -20,8 +20,12 @@ def _rel(a, b):
     (dict(matrix_approximation_rank=0), "matrix_approximation_rank must be an integer >= 1"),
     (dict(start_powerSGD_iter=1), "start_powerSGD_iter must be > 1"),
     (dict(start_powerSGD_iter=0, warm_start=False), "start_powerSGD_iter must be > 1"),
-    (dict(orthogonalization_epsilon=-1e-8), "orthogonalization_epsilon must be >= 0"),
-    (dict(min_compression_rate=-1), "min_compression_rate must be >= 0"),
+    (dict(orthogonalization_epsilon=-1e-8), r"orthogonalization_epsilon \(.*\) must be a finite number >= 0"),
+    (dict(orthogonalization_epsilon=float("nan")), r"orthogonalization_epsilon \(.*\) must be .*, got nan"),
+    (dict(min_compression_rate=-1), r"min_compression_rate \(.*\) must be a finite number >= 0"),
+    (dict(min_compression_rate=float("nan")), "min_compression_rate .* got nan"),
+    (dict(start_powerSGD_iter="10"), "start_powerSGD_iter must be an integer >= 0, got '10'"),
+    (dict(matrix_approximation_rank=True), "matrix_approximation_rank must be an integer >= 1"),
 ])
 def test_bad_arguments_say_the_fix(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -289,3 +293,18 @@ def test_hook_timeline_shows_which_thread_issues_the_collectives():
             threads = {e.label for e in collectives}
             assert threads == ({"MainThread"} if name == "powersgd" else {"ordered_powerSGD_hook"}), (rank, threads)
         assert counts["powersgd"] == counts["ordered_powersgd"] > 2  # two per bucket, several buckets
+
+
+def test_a_parameter_with_no_elements_is_sent_as_it_is():
+    # It used to end in "cannot reshape tensor of 0 elements into shape [0, -1]".
+    state = powersgd.PowerSGDState(matrix_approximation_rank=1, start_powerSGD_iter=2)
+    big = torch.randn(16, 16, generator=torch.Generator().manual_seed(0))
+    grads = [torch.zeros(0, 5), big.clone(), torch.zeros(3, 0)]
+    plain, groups = powersgd.group_matrices(state, state.keys_for(grads), grads)
+    assert [tuple(g.shape) for g in plain] == [(0, 5), (3, 0)]
+    assert [tuple(g.matrix.shape) for g in groups] == [(16, 16)]
+    out = powersgd.compress_on_one_process(state, grads)
+    assert out[0].shape == (0, 5) and out[2].shape == (3, 0)
+    # the 16 x 16 one became rank 1: its singular values past the first are zero (checked by the SVD)
+    s = torch.linalg.svdvals(out[1])
+    assert s[1] < 1e-4 * s[0]
