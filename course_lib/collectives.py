@@ -12,8 +12,11 @@ Three ways to combine data across p processes, from naive to the one NCCL and gl
   the reduced chunks. Every rank sends 2(p - 1)/p of the tensor, whatever p is: bandwidth-optimal.
 
 All of them sum in place, work for any world size >= 1 and any length (also shorter than p), and
-take an optional ``group`` (ranks are then the group's ranks).
+take an optional ``group`` (ranks are then the group's ranks). Every rank must pass a tensor of the
+same shape and dtype (and name the same root); with ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` they check it.
 """
+
+import os
 
 import torch
 import torch.distributed as dist
@@ -33,12 +36,29 @@ def _global(group, rank: int) -> int:
     return rank if group is None else dist.get_global_rank(group, rank)
 
 
-def _check(tensor: torch.Tensor) -> torch.Tensor:
+def _check(tensor: torch.Tensor, group=None, **roots) -> torch.Tensor:
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
     if not tensor.is_contiguous():
         raise ValueError("the collectives work in place on contiguous tensors: pass tensor.contiguous()")
+    if os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL":
+        _check_ranks_agree(tensor, group, roots)
     return tensor.view(-1)
+
+
+def _check_ranks_agree(tensor: torch.Tensor, group, roots: dict) -> None:
+    """Every rank must pass the same shape, dtype and root. Otherwise a message of the wrong length
+    aborts gloo's process (SIGABRT) and two ranks that each think they are the root wait forever.
+    Checking costs one more collective per call, so, as torch does for its own collectives, only
+    under ``TORCH_DISTRIBUTED_DEBUG=DETAIL``."""
+    mine = (tuple(tensor.shape), str(tensor.dtype), sorted(roots.items()))
+    everyone = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, mine, group=group)
+    if any(other != mine for other in everyone):
+        seen = "; ".join(f"rank {r}: shape {shape}, {dtype}" + "".join(f", {k}={v}" for k, v in rs)
+                         for r, (shape, dtype, rs) in enumerate(everyone))
+        raise ValueError(f"the ranks called the same collective with different arguments ({seen}). Every rank "
+                         f"must pass a tensor of the same shape and dtype, and name the same root.")
 
 
 def _check_root(name: str, root, size: int) -> int:
@@ -50,7 +70,7 @@ def _check_root(name: str, root, size: int) -> int:
 
 def naive_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
     """Sum ``tensor`` over all ranks, in place, through rank 0: p - 1 receives, then p - 1 sends."""
-    flat = _check(tensor)
+    flat = _check(tensor, group)
     rank, size = _rank_size(group)
     if size == 1:
         return tensor
@@ -69,9 +89,9 @@ def naive_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
 
 def tree_broadcast(tensor: torch.Tensor, src: int = 0, group=None) -> torch.Tensor:
     """Copy ``src``'s tensor to every rank along a binomial tree, in ceil(log2 p) rounds."""
-    flat = _check(tensor)
     rank, size = _rank_size(group)
     _check_root("src", src, size)
+    flat = _check(tensor, group, src=src)
     vrank = (rank - src) % size  # ranks renumbered so that src is 0
     # Receive once, from the rank that differs in our lowest set bit...
     mask = 1
@@ -94,9 +114,9 @@ def tree_reduce(tensor: torch.Tensor, dst: int = 0, group=None) -> torch.Tensor:
 
     The result is defined on ``dst`` only; other ranks are left holding partial sums.
     """
-    flat = _check(tensor)
     rank, size = _rank_size(group)
     _check_root("dst", dst, size)
+    flat = _check(tensor, group, dst=dst)
     vrank = (rank - dst) % size
     incoming = None
     mask = 1
@@ -131,7 +151,7 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, trace: list | None = None)
     ``trace``, when a list, receives ``(phase, step, copy of the tensor)`` after every step: the
     algorithm's real state, which notebook 02 draws.
     """
-    flat = _check(tensor)
+    flat = _check(tensor, group)
     rank, size = _rank_size(group)
     if size == 1:
         return tensor

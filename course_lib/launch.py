@@ -275,6 +275,10 @@ def _exit_report(rank: int, process, error_file: str | None) -> WorkerError:
         except Exception:
             tb = ""
     hint = "" if tb else "; its stderr (the terminal that started Python or Jupyter) may say why"
+    if code == -signal.SIGABRT:
+        hint += (". gloo aborts a process that receives a message of another length than it expected: if ranks "
+                 "may pass tensors of different shapes to a collective, set TORCH_DISTRIBUTED_DEBUG=DETAIL "
+                 "to have the course's collectives check that the ranks agree")
     return WorkerError(rank, "ProcessExited", f"the process (pid {process.pid}) {how} without reporting{hint}", tb)
 
 

@@ -94,3 +94,10 @@ def bad_roots(rank, world_size, cases):
         except ValueError as e:
             out.append(str(e))
     return out
+
+
+def mismatched(rank, world_size, op):
+    """Worker: a course collective called with arguments that differ across ranks."""
+    if op == "ring_all_reduce":
+        return C.ring_all_reduce(torch.ones(3 + rank))  # rank 1 passes one more element
+    return C.tree_broadcast(torch.ones(3), src=rank)  # every rank thinks it is the root

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from course_lib import collectives as C
-from course_lib.launch import spawn
+from course_lib.launch import WorkerError, spawn
 from course_lib.support import demos
 from course_lib.support import exercises as ex
 from course_lib.support.exercises import check_distributed
@@ -102,3 +102,22 @@ def test_a_root_outside_the_group_is_refused_on_every_rank_before_any_message():
     assert spawn(W.bad_roots, 2, cases, backend="gloo", timeout_s=30) == [expected] * 2
     # a root inside the group still works (ones sent from rank 1, or summed into it)
     assert spawn(W.bad_roots, 2, [("tree_broadcast", 1), ("tree_reduce", 1)], backend="gloo") == [["accepted"] * 2] * 2
+
+
+@pytest.mark.parametrize("op, seen", [
+    ("ring_all_reduce", "rank 0: shape (3,), torch.float32; rank 1: shape (4,), torch.float32"),
+    ("tree_broadcast", "rank 0: shape (3,), torch.float32, src=0; rank 1: shape (3,), torch.float32, src=1"),
+])
+def test_ranks_that_disagree_are_told_so_under_debug_detail(monkeypatch, op, seen):
+    # Without the check, the first ends in a SIGABRT in gloo and the second waits until the timeout.
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+    with pytest.raises(WorkerError, match="different arguments") as info:
+        spawn(W.mismatched, 2, op, backend="gloo", timeout_s=30)
+    assert seen in str(info.value)
+
+
+def test_a_length_mismatch_without_the_check_is_reported_with_the_way_to_find_it(monkeypatch):
+    monkeypatch.delenv("TORCH_DISTRIBUTED_DEBUG", raising=False)
+    # gloo's "Received data size doesn't match expected size" goes to stderr, then it aborts
+    with pytest.raises(WorkerError, match=r"killed by SIGABRT.*TORCH_DISTRIBUTED_DEBUG=DETAIL"):
+        spawn(W.mismatched, 2, "ring_all_reduce", backend="gloo", timeout_s=20)
