@@ -58,3 +58,32 @@ def test_the_edges_of_what_is_allowed_still_work():
     # k equal to the batch size: micro-batches of one sample each, none empty
     assert [len(y) for _, y in accumulation.split(X, Y, 5)] == [1] * 5
     assert checks.number("x", 1, 0, 1) == 1.0 and checks.integer("p", 1, 1) == 1
+
+
+def _widgets():
+    pytest.importorskip("ipywidgets")
+    from course_lib.support import widgets
+    return widgets
+
+
+ONE = {"all-reduce": {"compute_s": 1e-3, "bytes": 1e6, "collectives": 1}}
+FP32 = {"fp32 all-reduce": {"compute_s": 1e-3, "codec_s": 0.0, "collectives": {"all_reduce": [1e6]}}}
+
+WIDGETS = [
+    (lambda w: w.rank_explorer({"m": M}, rank=0), "rank (for 'm', whose limit is min(max_rank, n, m)) must be an "
+                                                  "integer between 1 and 4, got 0"),
+    (lambda w: w.rank_explorer({"m": M}, rank=5), "between 1 and 4, got 5"),
+    (lambda w: w.rank_explorer({"m": M}, iters=0), "iters must be an integer >= 1, got 0"),
+    (lambda w: w.bandwidth_explorer(ONE, 2, busbw=0), "busbw (GB/s, the slider's start) must be a finite number "
+                                                      "between 0.1 and 1000, got 0"),
+    (lambda w: w.bandwidth_explorer(ONE, 0), "world_size must be an integer >= 1, got 0"),
+    (lambda w: w.bandwidth_explorer(ONE, 2, alpha_s=float("nan")), "alpha_s must be a finite number >= 0, got nan"),
+    (lambda w: w.compression_explorer(FP32, 2, 1e-5, busbw=500), "between 0.01 and 100, got 500"),
+]
+
+
+@pytest.mark.parametrize("call, words", WIDGETS, ids=[w[:40] for _, w in WIDGETS])
+def test_a_widget_refuses_a_start_its_slider_would_silently_clip(call, words):
+    with pytest.raises(ValueError) as info:
+        call(_widgets())
+    assert words in str(info.value)

@@ -14,6 +14,7 @@ import torch
 
 from course_lib import lowrank
 from course_lib.costmodel import break_even_bandwidth, predict_compressed_step_time, predict_step_time
+from course_lib.support import checks
 from course_lib.support.digits import gradient_snapshots
 
 __all__ = ["hopper_gray", "default_matrices", "rank_explorer", "bandwidth_explorer", "compression_explorer"]
@@ -54,7 +55,13 @@ class RankExplorer(widgets.VBox):
                  seed: int = 0):
         if not matrices:
             raise ValueError("rank_explorer needs at least one matrix")
+        checks.integer("max_rank", max_rank, 1)
+        checks.integer("iters", iters, 1)
         self.matrices = {name: m.double() for name, m in matrices.items()}
+        first = next(iter(self.matrices))
+        # the slider would clip a rank outside its range and show another one without a word
+        checks.integer(f"rank (for {first!r}, whose limit is min(max_rank, n, m))", rank, 1,
+                       min(max_rank, *self.matrices[first].shape))
         self.iters, self.seed, self.max_rank = iters, seed, max_rank
         self._curves: dict[str, tuple] = {}
         first = next(iter(self.matrices))
@@ -141,6 +148,10 @@ def rank_explorer(matrices: dict[str, torch.Tensor] | None = None, rank: int = 4
 def _slider_table_plot(box: widgets.VBox, busbw: float, min_exponent: float, max_exponent: float) -> None:
     # An explorer's parts: a GB/s slider on a log scale, an HTML table and a picture, redrawn by
     # box._update whenever the slider moves (and once now).
+    # The slider would clip a value outside its range and show another one without a word.
+    checks.number("busbw (GB/s, the slider's start)", busbw, 10**min_exponent, 10**max_exponent)
+    checks.integer("world_size", box.world_size, 1)
+    checks.number("alpha_s", box.alpha_s, 0)
     box.bandwidth = widgets.FloatLogSlider(value=busbw, base=10, min=min_exponent, max=max_exponent, step=0.05,
                                            description="GB/s", continuous_update=False)
     box.text = widgets.HTML()
