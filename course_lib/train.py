@@ -34,6 +34,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from course_lib import compression, hooks, powersgd
 from course_lib.data_parallel import Event
 from course_lib.launch import WorkerError, init_from_env, report_progress, spawn, worker_device
+from course_lib.support import checks
 from course_lib.support.digits import batch_slice, digits_tensors, mlp
 
 __all__ = ["HOOKS", "COMPRESSION_HOOKS", "TrainConfig", "TrainResult", "make_hook", "ddp_train", "train_several",
@@ -117,6 +118,21 @@ class TrainConfig:
                              "or set dgc_momentum=0 to leave momentum to the optimizer")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1 or None, got {self.threads}")
+        # Numbers that would otherwise train to NaN, or train with something else than was asked, silently.
+        for name, low, high, low_open in (("lr", 0, None, True), ("momentum", 0, 1, False),
+                                          ("ratio", 0, 1, True), ("threshold", 0, None, False),
+                                          ("terngrad_clip", 0, None, False), ("dgc_momentum", 0, 1, False),
+                                          ("clip_norm", 0, None, False), ("bucket_cap_mb", 0, None, True),
+                                          ("min_compression_rate", 0, None, False),
+                                          ("orthogonalization_epsilon", 0, None, False)):
+            checks.number(name, getattr(self, name), low, high, low_open=low_open)
+        for name, low in (("matrix_approximation_rank", 1), ("start_powerSGD_iter", 0), ("levels", 1),
+                          ("qsgd_bucket", 0), ("warmup_steps", 0), ("seed", 0)):
+            checks.integer(name, getattr(self, name), low)
+        if self.sign_aggregate not in ("mean", "majority"):
+            raise ValueError(f"sign_aggregate must be 'mean' or 'majority', got {self.sign_aggregate!r}")
+        if self.resume_at is not None:
+            checks.integer(f"resume_at (a step before steps={self.steps}, or None)", self.resume_at, 1, self.steps - 1)
 
 
 @dataclass
@@ -467,9 +483,14 @@ def _argument_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> None:
     """``torchrun ... -m course_lib.train --hook powersgd --matrix-approximation-rank 2``: train, print a
     summary on rank 0. Every :class:`TrainConfig` field is a flag (``--help`` lists them)."""
-    args = vars(_argument_parser().parse_args(argv))
+    parser = _argument_parser()
+    args = vars(parser.parse_args(argv))
     backend = args.pop("backend")
-    config = TrainConfig(**args)
+    try:
+        config = TrainConfig(**args)
+    except ValueError as e:  # before any process group: usage and the reason, exit status 2
+        field = str(e).split(" ")[0]
+        parser.error(f"argument --{field.replace('_', '-')}: {e}" if field in args else str(e))
     # (init_from_env also returns this process's device; ddp_train asks launch.worker_device, which agrees)
     rank, world_size, _ = init_from_env(backend)
     try:

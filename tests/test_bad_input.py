@@ -87,3 +87,41 @@ def test_a_widget_refuses_a_start_its_slider_would_silently_clip(call, words):
     with pytest.raises(ValueError) as info:
         call(_widgets())
     assert words in str(info.value)
+
+
+CONFIGS = [
+    (dict(lr=math.nan), "lr must be a finite number > 0, got nan"),
+    (dict(lr=-0.1), "lr must be a finite number > 0, got -0.1"),
+    (dict(bucket_cap_mb=-1), "bucket_cap_mb must be a finite number > 0, got -1"),
+    (dict(momentum=1.5), "momentum must be a finite number between 0 and 1, got 1.5"),
+    (dict(ratio=0), "ratio must be a finite number between 0 and 1, got 0"),
+    (dict(ratio=2.0), "ratio must be a finite number between 0 and 1, got 2.0"),
+    (dict(threshold=math.inf), "threshold must be a finite number >= 0, got inf"),
+    (dict(levels=0), "levels must be an integer >= 1, got 0"),
+    (dict(qsgd_bucket=1.5), "qsgd_bucket must be an integer >= 0, got 1.5"),
+    (dict(matrix_approximation_rank=0), "matrix_approximation_rank must be an integer >= 1, got 0"),
+    (dict(orthogonalization_epsilon=math.nan), "orthogonalization_epsilon must be a finite number >= 0, got nan"),
+    (dict(sign_aggregate="vote"), "sign_aggregate must be 'mean' or 'majority', got 'vote'"),
+    (dict(steps=5, resume_at=50), "resume_at (a step before steps=5, or None) must be an integer between 1 and 4, "
+                                  "got 50"),
+    (dict(resume_at=0), "must be an integer between 1 and 99, got 0"),
+]
+
+
+@pytest.mark.parametrize("kwargs, words", CONFIGS, ids=[w[:40] for _, w in CONFIGS])
+def test_a_training_config_that_would_train_silently_wrong_is_refused(kwargs, words):
+    from course_lib.train import TrainConfig
+
+    with pytest.raises(ValueError) as info:
+        TrainConfig(**kwargs)
+    assert words in str(info.value)
+
+
+def test_the_command_line_refuses_a_nan_learning_rate_before_starting_anything():
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "course_lib.train", "--lr", "nan"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2, proc.stderr  # argparse's usage error, not a run that trains to NaN
+    assert "argument --lr: lr must be a finite number > 0, got nan" in proc.stderr
