@@ -28,6 +28,8 @@ from typing import NamedTuple
 
 import torch
 
+from course_lib.support import checks
+
 __all__ = ["ALGORITHMS", "alpha_beta_time", "fit_alpha_beta", "BUS_FACTORS", "bus_factor", "ring_all_reduce_time",
            "ring_crossover_bytes", "fit_ring_all_reduce", "predict_step_time", "Interconnect",
            "INTERCONNECTS", "collective_time", "fit_collective", "predict_compressed_step_time",
@@ -36,13 +38,22 @@ __all__ = ["ALGORITHMS", "alpha_beta_time", "fit_alpha_beta", "BUS_FACTORS", "bu
 ALGORITHMS = ("naive_all_reduce", "tree_broadcast", "tree_reduce", "ring_all_reduce")
 
 
+def _check_link(world_size, alpha_s, busbw_GBps=1.0, nbytes=0.0) -> None:
+    # A negative or NaN input would otherwise come out as a negative or NaN time, without a word.
+    checks.integer("world_size", world_size, 1)
+    checks.number("alpha_s (seconds)", alpha_s, 0)
+    checks.number("nbytes", nbytes, 0)
+    # inf is allowed: a link whose bandwidth costs nothing (what a fit with no slope returns)
+    if isinstance(busbw_GBps, bool) or not isinstance(busbw_GBps, (int, float)) or not busbw_GBps > 0:
+        raise ValueError(f"busbw_GBps must be a number > 0 (GB/s), got {busbw_GBps!r}")
+
+
 def alpha_beta_time(op: str, nbytes: float, world_size: int, alpha: float, beta: float,
                     gamma: float = 0.0) -> float:
     """Predicted seconds for ``op`` (one of ``ALGORITHMS``) on ``nbytes`` per rank among ``world_size``."""
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
-    if min(nbytes, alpha, beta, gamma) < 0:
-        raise ValueError("nbytes, alpha, beta and gamma must be >= 0")
+    checks.integer("world_size", world_size, 1)
+    for name, value in (("nbytes", nbytes), ("alpha", alpha), ("beta", beta), ("gamma", gamma)):
+        checks.number(name, value, 0)
     p, n = world_size, nbytes
     if p == 1:
         return 0.0
@@ -62,10 +73,16 @@ def fit_alpha_beta(sizes_bytes, times_s) -> tuple[float, float]:
 
     Returns ``(alpha, beta)``; both are clipped at 0 (noise can push a tiny alpha below zero).
     """
+    sizes_bytes, times_s = list(sizes_bytes), list(times_s)
+    if len(sizes_bytes) != len(times_s):
+        raise ValueError(f"got {len(sizes_bytes)} sizes and {len(times_s)} times: one time per size")
+    for size, t in zip(sizes_bytes, times_s):
+        checks.number("a size (bytes)", size, 0)
+        checks.number("a time (seconds; the fit weighs each by 1/time)", t, 0, low_open=True)
     x = torch.tensor([float(s) for s in sizes_bytes], dtype=torch.float64)
     y = torch.tensor([float(t) for t in times_s], dtype=torch.float64)
-    if len(x) < 2:
-        raise ValueError("need at least two sizes to fit alpha and beta")
+    if len(set(sizes_bytes)) < 2:
+        raise ValueError(f"need at least two different sizes to fit alpha and beta, got {sizes_bytes}")
     w = 1.0 / y  # relative errors: otherwise the largest message decides everything
     a = torch.stack([torch.ones_like(x), x], dim=1) * w[:, None]
     sol = torch.linalg.lstsq(a, (y * w)[:, None]).solution.flatten()
@@ -95,6 +112,7 @@ def ring_all_reduce_time(nbytes: float, world_size: int, alpha_s: float, busbw_G
     busbw (``algbw * 2(p-1)/p``) standing for the link's ``1 / beta``. At p = 2 the factor is 1, and
     busbw equals algbw; at 8 ranks it is 1.75. The package's one statement of this formula.
     """
+    _check_link(world_size, alpha_s, busbw_GBps, nbytes)
     if world_size == 1:
         return 0.0
     return 2 * (world_size - 1) * alpha_s + bus_factor("all_reduce", world_size) * nbytes / (busbw_GBps * 1e9)
@@ -124,6 +142,9 @@ def predict_step_time(compute_s: float, nbytes: float, collectives: int, world_s
                       alpha_s: float) -> float:
     """Seconds per training step if the all-reduces do not overlap computation (the course's hooks):
     compute, plus ``collectives`` ring all-reduces that together carry ``nbytes`` per rank."""
+    checks.number("compute_s", compute_s, 0)
+    checks.number("collectives", collectives, 0)
+    _check_link(world_size, alpha_s, busbw_GBps, nbytes)
     if world_size == 1:
         return compute_s
     latency = ring_all_reduce_time(0, world_size, alpha_s, busbw_GBps)  # 2(p-1) alpha, paid per all-reduce
@@ -141,6 +162,7 @@ def collective_time(op: str, nbytes: float, world_size: int, alpha_s: float, bus
     if op == "all_reduce":
         return ring_all_reduce_time(nbytes, world_size, alpha_s, busbw_GBps)
     if op == "all_gather":
+        _check_link(world_size, alpha_s, busbw_GBps, nbytes)
         return (world_size - 1) * (alpha_s + nbytes / (busbw_GBps * 1e9))
     raise ValueError(f"unknown collective {op!r}: use 'all_reduce' or 'all_gather'")
 
@@ -175,6 +197,8 @@ def predict_compressed_step_time(compute_s: float, codec_s: float, collectives, 
     ``wait_s``: what a step that communicates spends waiting for the slowest rank, beyond alpha (a
     benchmark that starts its ranks together with a barrier does not see it); 0 if it sends nothing.
     """
+    for name, value in (("compute_s", compute_s), ("codec_s", codec_s), ("overlap_s", overlap_s), ("wait_s", wait_s)):
+        checks.number(name, value, 0)
     if not collectives:
         return compute_s + codec_s
     comm = sum(collective_time(op, nbytes, world_size, *links[op]) for op, nbytes in collectives)
@@ -191,6 +215,11 @@ def break_even_bandwidth(method: dict, reference: dict, world_size: int, alpha_s
     With ``method_steps`` and ``reference_steps``, the steps each needs to reach the same accuracy,
     it compares times to that accuracy (steps x step time) instead: a method that steps faster but
     needs more steps pays below a lower bandwidth, or never."""
+    checks.integer("world_size", world_size, 1)
+    checks.number("alpha_s (seconds)", alpha_s, 0)
+    checks.number("method_steps", method_steps, 0, low_open=True)
+    checks.number("reference_steps", reference_steps, 0, low_open=True)
+
     def gap(busbw):
         links = {"all_reduce": (alpha_s, busbw), "all_gather": (alpha_s, busbw)}
         return (method_steps * predict_compressed_step_time(world_size=world_size, links=links, **method)

@@ -125,3 +125,40 @@ def test_the_command_line_refuses_a_nan_learning_rate_before_starting_anything()
                           timeout=120)
     assert proc.returncode == 2, proc.stderr  # argparse's usage error, not a run that trains to NaN
     assert "argument --lr: lr must be a finite number > 0, got nan" in proc.stderr
+
+
+def _costmodel():
+    from course_lib import costmodel
+    return costmodel
+
+
+COSTMODEL = [
+    (lambda c: c.ring_all_reduce_time(1e6, 2, 1e-5, -1), "busbw_GBps must be a number > 0 (GB/s), got -1"),
+    (lambda c: c.ring_all_reduce_time(1e6, 2, 1e-5, 0), "busbw_GBps must be a number > 0 (GB/s), got 0"),
+    (lambda c: c.ring_all_reduce_time(1e6, 2, 1e-5, math.nan), "busbw_GBps must be a number > 0 (GB/s), got nan"),
+    (lambda c: c.ring_all_reduce_time(-1, 2, 1e-5, 1), "nbytes must be a finite number >= 0, got -1"),
+    (lambda c: c.ring_all_reduce_time(1e6, 0, 1e-5, 1), "world_size must be an integer >= 1, got 0"),
+    (lambda c: c.ring_all_reduce_time(1e6, -2, 1e-5, 1), "world_size must be an integer >= 1, got -2"),
+    (lambda c: c.ring_all_reduce_time(1e6, 2, -1e-5, 1), "alpha_s (seconds) must be a finite number >= 0, got -1e-05"),
+    (lambda c: c.collective_time("all_gather", 1e6, 2, 1e-5, -1), "busbw_GBps must be a number > 0"),
+    (lambda c: c.predict_step_time(-1e-3, 1e6, 1, 2, 1, 1e-5), "compute_s must be a finite number >= 0, got -0.001"),
+    (lambda c: c.alpha_beta_time("ring_all_reduce", 1e6, 2, math.nan, 1e-9), "alpha must be a finite number >= 0"),
+    (lambda c: c.fit_alpha_beta([1, 2], [0.0, 1.0]), "a time (seconds; the fit weighs each by 1/time) must be a "
+                                                     "finite number > 0, got 0.0"),
+    (lambda c: c.fit_alpha_beta([1, 2, 3], [1.0, 2.0]), "got 3 sizes and 2 times"),
+    (lambda c: c.fit_alpha_beta([4, 4], [1.0, 2.0]), "need at least two different sizes"),
+    (lambda c: c.ring_crossover_bytes(2, 1e-5, "1"), "busbw_GBps must be a number > 0 (GB/s), got '1'"),
+    (lambda c: c.break_even_bandwidth({}, {}, 2, 1e-5, method_steps=0), "method_steps must be a finite number > 0"),
+]
+
+
+@pytest.mark.parametrize("call, words", COSTMODEL, ids=[w[:40] for _, w in COSTMODEL])
+def test_the_cost_model_refuses_what_would_give_a_negative_or_nan_time(call, words):
+    with pytest.raises(ValueError) as info:
+        call(_costmodel())
+    assert words in str(info.value)
+
+
+def test_an_infinitely_fast_link_costs_only_latency():
+    c = _costmodel()
+    assert c.ring_all_reduce_time(1e9, 4, 1e-5, math.inf) == pytest.approx(2 * 3 * 1e-5)
