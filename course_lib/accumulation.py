@@ -199,4 +199,5 @@ def snapshot(layer: nn.Linear) -> dict:
 
 def micro_batch_loss(logits: torch.Tensor, y: torch.Tensor, n_total: int) -> torch.Tensor:
     """One micro-batch's share of the large batch's mean cross-entropy (the reference answer)."""
+    checks.integer("n_total (the large batch's size)", n_total, len(y))
     return nn.functional.cross_entropy(logits, y, reduction="sum") / n_total

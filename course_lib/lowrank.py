@@ -44,10 +44,12 @@ def orthogonalize_(matrices: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor
     each norm gets ``epsilon`` added (as torch's PowerSGD does); with ``epsilon`` = 0 a zero norm
     is explicitly left undivided. Returns ``matrices``.
     """
-    if epsilon < 0:
-        raise ValueError(f"epsilon must be >= 0, got {epsilon}")
+    checks.number("epsilon", epsilon, 0)
     if matrices.dim() not in (2, 3):
         raise ValueError(f"expected an (n, r) or (b, n, r) tensor, got shape {tuple(matrices.shape)}")
+    if not matrices.is_floating_point():
+        raise TypeError(f"orthogonalize_ works in place on a floating-point tensor, got {matrices.dtype}: "
+                        f"pass matrices.float()")
     m = matrices if matrices.dim() == 3 else matrices.unsqueeze(0)
     num_cols = m.shape[2]
     for i in range(num_cols):
@@ -95,6 +97,8 @@ def power_step(M: torch.Tensor, Q: torch.Tensor, epsilon: float = 0.0) -> tuple[
     The two halves with the orthogonalization between them, on one process. PowerSGD calls the
     same two halves with an all-reduce after each.
     """
+    if Q.shape[-2] != M.shape[-1]:
+        raise ValueError(f"Q must have as many rows as M has columns: M is {tuple(M.shape)}, Q {tuple(Q.shape)}")
     P = orthogonalize_(power_step_p(M, Q), epsilon)
     return P, power_step_qt(M, P).mT
 
@@ -138,7 +142,10 @@ def power_iteration_without_orthogonalization(M: torch.Tensor, rank: int, iters:
 
 def relative_error(M: torch.Tensor, P: torch.Tensor, Q: torch.Tensor) -> float:
     """||M - P Q^T||_F / ||M||_F."""
-    return (torch.linalg.norm(M - P @ Q.mT) / torch.linalg.norm(M)).item()
+    norm = torch.linalg.norm(M)
+    if norm == 0:
+        raise ValueError("M is all zeros: an error relative to its norm is 0/0. Compare ||M - P Q^T|| itself.")
+    return (torch.linalg.norm(M - P @ Q.mT) / norm).item()
 
 
 def svd_error(M: torch.Tensor, rank: int) -> float:
@@ -152,6 +159,8 @@ def svd_error(M: torch.Tensor, rank: int) -> float:
     checks.integer("rank", rank, 0, min(M.shape))  # rank 0: nothing kept, error 1
     s = torch.linalg.svdvals(M.double())
     energy = s.square()
+    if energy.sum() == 0:
+        raise ValueError("M is all zeros: an error relative to its norm is 0/0 (every rank represents it exactly)")
     return (energy[rank:].sum() / energy.sum()).sqrt().item()
 
 

@@ -77,6 +77,9 @@ logger = logging.getLogger(__name__)
 def should_compress(num_rows: int, num_cols: int, matrix_approximation_rank: int,
                     min_compression_rate: float) -> tuple[bool, int, int]:
     """``(worth it, numbers before, numbers after)``: compress when (n + m) r * rate < n m."""
+    checks.integer("num_rows", num_rows, 1), checks.integer("num_cols", num_cols, 1)
+    checks.integer("matrix_approximation_rank", matrix_approximation_rank, 1)
+    checks.number("min_compression_rate", min_compression_rate, 0)
     before = num_rows * num_cols
     after = (num_rows + num_cols) * matrix_approximation_rank
     return after * min_compression_rate < before, before, after
@@ -86,6 +89,7 @@ def numbers_per_step(shapes, matrix_approximation_rank: int, min_compression_rat
     """``(before, after)``: the numbers one rank sends per compressed step for parameters of these
     shapes, uncompressed and as the hook sends them (each tensor viewed as rows x everything else;
     matrices :func:`should_compress` turns down, and vectors, go as they are)."""
+    checks.integer("matrix_approximation_rank", matrix_approximation_rank, 1)
     before = after = 0
     for shape in shapes:
         numel = math.prod(shape)

@@ -162,3 +162,40 @@ def test_the_cost_model_refuses_what_would_give_a_negative_or_nan_time(call, wor
 def test_an_infinitely_fast_link_costs_only_latency():
     c = _costmodel()
     assert c.ring_all_reduce_time(1e9, 4, 1e-5, math.inf) == pytest.approx(2 * 3 * 1e-5)
+
+
+MORE = [
+    (lambda: lowrank.orthogonalize_(torch.randn(5, 2), math.nan), ValueError, "epsilon must be a finite number >= 0"),
+    (lambda: lowrank.orthogonalize_(torch.ones(5, 2, dtype=torch.int64)), TypeError, "pass matrices.float()"),
+    (lambda: lowrank.power_step(M, torch.randn(5, 2)), ValueError, "M is (6, 4), Q (5, 2)"),
+    (lambda: lowrank.relative_error(torch.zeros(3, 3), torch.zeros(3, 1), torch.zeros(3, 1)), ValueError,
+     "M is all zeros"),
+    (lambda: lowrank.svd_error(torch.zeros(3, 3), 1), ValueError, "M is all zeros"),
+    (lambda: accumulation.micro_batch_loss(torch.randn(2, 10), torch.tensor([1, 2]), 0), ValueError,
+     "n_total (the large batch's size) must be an integer >= 2, got 0"),
+]
+
+
+@pytest.mark.parametrize("call, kind, words", MORE, ids=[w[:40] for _, _, w in MORE])
+def test_more_bad_input(call, kind, words):
+    with pytest.raises(kind) as info:
+        call()
+    assert words in str(info.value)
+
+
+def test_model_data_and_powersgd_helpers_refuse_bad_sizes():
+    from course_lib import powersgd
+    from course_lib.support import digits
+
+    for call, words in ((lambda: digits.mlp(hidden=0), "hidden must be an integer >= 1, got 0"),
+                        (lambda: digits.mlp(depth=-1), "depth must be an integer >= 0, got -1"),
+                        (lambda: digits.batch_slice(0, 64, 100, 0, 0), "world_size must be an integer >= 1, got 0"),
+                        (lambda: digits.batch_slice(0, 64, 100, 3, 2),
+                         "rank must be an integer between 0 and 1, got 3"),
+                        (lambda: powersgd.numbers_per_step([(6, 4)], 0),
+                         "matrix_approximation_rank must be an integer >= 1, got 0"),
+                        (lambda: powersgd.should_compress(-6, 4, 1, 2), "num_rows must be an integer >= 1, got -6")):
+        with pytest.raises(ValueError) as info:
+            call()
+        assert words in str(info.value)
+    assert len(digits.mlp(depth=0)) == 1  # no hidden layer: one Linear, allowed

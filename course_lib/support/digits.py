@@ -10,6 +10,8 @@ import torch
 from sklearn.datasets import load_digits
 from torch import nn
 
+from course_lib.support import checks
+
 __all__ = ["digits_tensors", "mlp", "batch_slice", "gradient_snapshots"]
 
 
@@ -29,6 +31,8 @@ def digits_tensors(test_fraction: float = 0.25, seed: int = 0):
 
 def mlp(hidden: int = 64, depth: int = 2, seed: int = 0, n_in: int = 64, n_out: int = 10) -> nn.Sequential:
     """An ordinary ``nn.Sequential`` MLP with ``depth`` hidden layers, initialized from ``seed``."""
+    for name, value, low in (("hidden", hidden, 1), ("depth", depth, 0), ("n_in", n_in, 1), ("n_out", n_out, 1)):
+        checks.integer(name, value, low)
     torch.manual_seed(seed)
     layers: list[nn.Module] = []
     width = n_in
@@ -47,6 +51,8 @@ def batch_slice(step: int, batch_size: int, n: int, rank: int = 0, world_size: i
     ranks takes the next ``batch_size / world_size`` items of it, in rank order, so the ranks
     together see exactly the batch one process would.
     """
+    checks.integer("world_size", world_size, 1)
+    checks.integer("rank", rank, 0, world_size - 1)
     if not 1 <= batch_size <= n:
         raise ValueError(f"batch_size must be between 1 and the dataset's {n}, got {batch_size}")
     if batch_size % world_size:
