@@ -31,6 +31,7 @@ The course's own support, in ``support``: none of it is an algorithm.
 * ``support.widgets``: the rank and bandwidth sliders;
 * ``support.timing``: the median of repeated timings;
 * ``support.shapes``: parameter shapes of well-known models (ResNet-18 for CIFAR-10), written out.
+* ``support.checks``: argument checks that name the bad argument, its value and what is allowed.
 """
 
 __version__ = "0.1.0"
