@@ -73,6 +73,12 @@ def pack_bits(values: torch.Tensor, bits: int) -> torch.Tensor:
     into single bits first, so that no byte carries padding except the last."""
     if not (isinstance(bits, int) and 1 <= bits <= 8):
         raise ValueError(f"bits must be an integer from 1 to 8, got {bits!r}")
+    if values.numel() and (values.min() < 0 or values.max() >= 2**bits
+                           or (values.is_floating_point() and (values != values.trunc()).any())):
+        # a value that does not fit would lose its high bits and unpack as another value
+        low, high = (values.min().item(), values.max().item())
+        raise ValueError(f"pack_bits packs integers from 0 to {2**bits - 1} in {bits} bits; got {values.dtype} "
+                         f"values from {low} to {high}")
     v = values.to(torch.uint8).flatten()
     if 8 % bits:  # each value as `bits` single bits, lowest first, then eight bits to a byte
         shifts = torch.arange(bits, dtype=torch.uint8, device=v.device)
@@ -218,13 +224,14 @@ class Threshold(Compressor):
 
     def __init__(self, value: float, seed: int = 0):
         super().__init__(seed)
-        if value <= 0:
-            raise ValueError(f"value is a magnitude: it must be > 0, got {value}")
+        if not value > 0 or value == float("inf"):  # (NaN is not > 0)
+            raise ValueError(f"value is a magnitude: it must be a finite number > 0, got {value}")
         self.value = value
 
     def compress(self, tensor):
         flat = tensor.flatten()
-        indices = (flat.abs() >= self.value).nonzero().view(-1)
+        # "not below the threshold" rather than ">=": a NaN is kept and sent, where it shows, not dropped to 0
+        indices = (~(flat.abs() < self.value)).nonzero().view(-1)
         return [flat[indices], indices.to(_index_dtype(flat.numel()))], tensor.shape
 
     decompress = TopK.decompress
@@ -372,7 +379,13 @@ class _Cast(Compressor):
     dtype = torch.float16
 
     def compress(self, tensor):
-        return [tensor.flatten().to(self.dtype)], (tensor.shape, tensor.dtype)
+        cast = tensor.flatten().to(self.dtype)
+        if not torch.isfinite(cast).all() and torch.isfinite(tensor).all():
+            raise OverflowError(f"{self!r}: entries up to {tensor.abs().max().item():.3g} do not fit in {self.dtype} "
+                                f"(largest {torch.finfo(self.dtype).max:.5g}) and would be sent as inf. Scale the "
+                                f"gradient down first (torch's fp16 hook divides by the world size before the "
+                                f"cast), or use BF16, which has float32's range.")
+        return [cast], (tensor.shape, tensor.dtype)
 
     def decompress(self, payload, ctx):
         shape, dtype = ctx
@@ -651,6 +664,9 @@ class CompressionState:
         self.compressor = compressor
         if memory == "auto":
             memory = ErrorFeedback() if compressor.error_feedback else NoMemory()
+        if not (callable(getattr(memory, "compensate", None)) and callable(getattr(memory, "update", None))):
+            raise TypeError(f"memory must be 'auto' or an object with compensate() and update(), such as "
+                            f"ErrorFeedback(), NoMemory() or DGCMemory(); got {memory!r}")
         self.memory = memory
         if per_tensor == "auto":
             per_tensor = compressor.has_scale

@@ -199,3 +199,26 @@ def test_model_data_and_powersgd_helpers_refuse_bad_sizes():
             call()
         assert words in str(info.value)
     assert len(digits.mlp(depth=0)) == 1  # no hidden layer: one Linear, allowed
+
+
+def test_compressors_refuse_or_show_what_they_cannot_send():
+    from course_lib import compression as C
+
+    with pytest.raises(ValueError, match=r"pack_bits packs integers from 0 to 15 in 4 bits; got torch.int64 values "
+                                         r"from 0 to 16"):
+        C.pack_bits(torch.tensor([0, 3, 16]), 4)  # 16 used to come back as 0
+    with pytest.raises(ValueError, match="got torch.float32 values"):
+        C.pack_bits(torch.tensor([0.5, 1.0]), 4)  # a fraction would be cut off
+    assert C.unpack_bits(C.pack_bits(torch.tensor([4.0, 7.0]), 3), 3, 2).tolist() == [4, 7]  # whole floats are fine
+    assert C.unpack_bits(C.pack_bits(torch.tensor([0, 3, 15]), 4), 4, 3).tolist() == [0, 3, 15]
+    with pytest.raises(ValueError, match="must be a finite number > 0, got nan"):
+        C.Threshold(math.nan)
+    # a NaN gradient entry is sent, and arrives as NaN, instead of being dropped to 0
+    payload, ctx = C.Threshold(0.5).compress(torch.tensor([0.1, math.nan, 2.0]))
+    out = C.Threshold(0.5).decompress(payload, ctx)
+    assert out[0] == 0 and math.isnan(out[1]) and out[2] == 2.0
+    with pytest.raises(OverflowError, match=r"entries up to 1e\+06 do not fit in torch.float16 \(largest 65504\)"):
+        C.FP16().compress(torch.tensor([1.0, 1e6]))
+    assert torch.isinf(C.FP16().decompress(*C.FP16().compress(torch.tensor([math.inf]))))[0]  # inf in, inf out
+    with pytest.raises(TypeError, match="memory must be 'auto' or an object with compensate"):
+        C.CompressionState(C.TopK(0.01), memory="bogus")
