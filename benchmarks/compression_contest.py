@@ -1,17 +1,20 @@
-"""The compression contest of notebook 06, each method at its best: a learning-rate sweep, then seeds.
+"""The compression contest of notebook 06, each method at its best: a sweep of learning rate and momentum, then seeds.
 
-Every method trains the same model (the digits MLP, hidden 256, 150 steps of 64 on 2 gloo ranks,
-momentum 0.9; DGC with its momentum in the hook) at three learning rates and three seeds. A learning
-rate at which any seed diverges (a loss that is not finite) is out; of the others, the one with the
-best mean test accuracy (the mean of the last five evaluations, steps 130-150) is the method's
-chosen rate. A method with no rate left is marked diverged. Each method is run as its paper runs it
-(the ``variant`` column): QSGD, signSGD and TernGrad scale each parameter's gradient on its own.
+Every method trains the same model (the digits MLP, hidden 256, 150 steps of 64 on 2 gloo ranks)
+with three seeds, over a grid of the optimizer's momentum and learning rate: momentum 0.9 at three
+rates, and momentum 0 (plain SGD, as Stich et al.'s and Karimireddy et al.'s error-feedback
+algorithms are written) at larger rates. DGC keeps its momentum in the hook and trains with the
+optimizer's at 0. A setting at which any seed diverges (a loss that is not finite) is out; of the
+others, the one with the best mean test accuracy (the mean of the last five evaluations, steps
+130-150) is the method's chosen setting. A method with no setting left is marked diverged. Each
+method is run as its paper runs it (the ``variant`` column): QSGD, signSGD and TernGrad scale each
+parameter's gradient on its own.
 
-Writes benchmarks/results/compression_contest.json (committed): the sweep, the chosen rate, the
-accuracy's mean and standard deviation over the seeds at that rate, the steps to the target
-accuracy, the bytes per step (exact) and this machine's step time. Notebook 06 reads the chosen rates
-from it; tests/test_compression_contest.py checks that each chosen rate is the sweep's best and that
-one run reproduces its row.
+Writes benchmarks/results/compression_contest.json (committed): the sweep, the chosen setting, the
+accuracy's mean and standard deviation over the seeds at that setting, the steps to the target
+accuracy, the bytes per step (exact) and this machine's step time. Notebook 06 reads the chosen
+settings from it; tests/test_compression_contest.py checks that each chosen setting is the sweep's
+best and that one run reproduces its row.
 
     .venv/bin/python benchmarks/compression_contest.py            # the whole sweep (a few minutes on 2 cores)
 """
@@ -33,33 +36,44 @@ from course_lib.train import TrainConfig, train_several
 RESULTS = Path(__file__).parent / "results" / "compression_contest.json"
 BASE = TrainConfig(hidden=256, steps=150, lr=0.1, momentum=0.9, eval_every=5)
 SEEDS = (0, 1, 2)
-LRS = (0.03, 0.1, 0.3)  # around all-reduce's 0.1; lower for the methods that a first sweep found best at 0.03 or 0.01
+LRS = (0.03, 0.1, 0.3)  # with momentum 0.9, around all-reduce's 0.1 (lower where a first sweep found best lower)
+LRS_PLAIN = (0.1, 0.3, 1.0, 3.0)  # with momentum 0: steps lr / (1 - momentum) like the above's, and past them
+BOTH = {0.9: LRS, 0.0: LRS_PLAIN}
 TARGET = 0.9  # the test accuracy that "time to accuracy" is measured to
 
-# name: (variant, the fields that differ from BASE, learning rates)
+# name: (variant, the fields that differ from BASE, {momentum: learning rates})
 METHODS = {
-    "fp32 all-reduce": ("baseline, float32", {}, LRS),
-    "fp16": ("baseline, float16 all-reduce", {"hook": "fp16"}, LRS),
-    "bf16": ("bfloat16 all-reduce", {"hook": "bf16"}, LRS),
-    "top-k 1%": ("k largest of the bucket, error feedback", {"hook": "topk", "ratio": 0.01}, LRS),
+    "fp32 all-reduce": ("baseline, float32", {}, BOTH),
+    "fp16": ("baseline, float16 all-reduce", {"hook": "fp16"}, BOTH),
+    "bf16": ("bfloat16 all-reduce", {"hook": "bf16"}, BOTH),
+    "top-k 1%": ("k largest of the bucket, error feedback", {"hook": "topk", "ratio": 0.01}, BOTH),
     "random-k 1%": ("Stich et al. 2018: unscaled, error feedback, shared seed",
-                    {"hook": "randomk", "ratio": 0.01}, (0.01, 0.03, 0.1)),
+                    {"hook": "randomk", "ratio": 0.01}, {0.9: (0.01, 0.03, 0.1), 0.0: LRS_PLAIN}),
     "random-k 1%, x100": ("unbiased (x numel/k), no memory: 100x the variance, smaller steps",
-                          {"hook": "randomk", "ratio": 0.01, "randomk_scaled": True}, (0.003, 0.01, 0.03)),
-    "threshold 0.01": ("|g| >= 0.01, error feedback", {"hook": "threshold", "threshold": 0.01}, LRS),
+                          {"hook": "randomk", "ratio": 0.01, "randomk_scaled": True},
+                          {0.9: (0.003, 0.01, 0.03), 0.0: (0.03, 0.1, 0.3)}),
+    "threshold 0.01": ("|g| >= 0.01, error feedback", {"hook": "threshold", "threshold": 0.01}, BOTH),
     "QSGD 4-bit": ("15 levels (4 bits + sign), a norm per 128, per tensor, no memory",
-                   {"hook": "qsgd", "levels": 15, "qsgd_bucket": 128}, LRS),
-    "signSGD": ("EF-signSGD: mean magnitude per tensor, error feedback", {"hook": "signsgd"}, (0.003, 0.01, 0.03)),
-    "TernGrad": ("per tensor, clipped at 2.5 sd, no memory", {"hook": "terngrad", "terngrad_clip": 2.5}, LRS),
+                   {"hook": "qsgd", "levels": 15, "qsgd_bucket": 128}, BOTH),
+    "signSGD": ("EF-signSGD: mean magnitude per tensor, error feedback", {"hook": "signsgd"},
+                {0.9: (0.003, 0.01, 0.03), 0.0: LRS_PLAIN}),
+    "TernGrad": ("per tensor, clipped at 2.5 sd, no memory", {"hook": "terngrad", "terngrad_clip": 2.5}, BOTH),
     "PowerSGD r=2": ("rank 2, error feedback, warm start, from step 15",
-                     {"hook": "powersgd", "matrix_approximation_rank": 2, "start_powerSGD_iter": 15}, LRS),
-    "DGC 0.1%": ("top-k 0.1% + momentum correction, masking, clipping 1.0, warm-up 40 steps",
-                 {"hook": "dgc", "ratio": 0.001, "momentum": 0.0, "clip_norm": 1.0, "warmup_steps": 40}, LRS),
+                     {"hook": "powersgd", "matrix_approximation_rank": 2, "start_powerSGD_iter": 15}, BOTH),
+    "top-k 0.1%": ("k largest of the bucket, error feedback", {"hook": "topk", "ratio": 0.001},
+                   BOTH),
+    "DGC 0.1%": ("top-k 0.1% + momentum correction (0.9, in the hook), masking, clipping 1.0, warm-up 40 steps",
+                 {"hook": "dgc", "ratio": 0.001, "clip_norm": 1.0, "warmup_steps": 40}, {0.0: LRS}),
 }
 
 
-def config(name: str, lr: float, seed: int) -> TrainConfig:
-    return dataclasses.replace(BASE, **METHODS[name][1], lr=lr, seed=seed)
+def config(name: str, lr: float, seed: int, momentum: float) -> TrainConfig:
+    return dataclasses.replace(BASE, **METHODS[name][1], lr=lr, momentum=momentum, seed=seed)
+
+
+def key(momentum: float, lr: float) -> str:
+    """The sweep's key for one setting, e.g. ``momentum 0.9, lr 0.1``."""
+    return f"momentum {momentum:g}, lr {lr:g}"
 
 
 def accuracy(result) -> float:
@@ -76,34 +90,37 @@ def steps_to(result, target: float = TARGET):
     return next((s for s, a in zip(result.test_step, result.test_accuracy) if a >= target), None)
 
 
-def choose(sweep: dict) -> float | None:
-    """The learning rate of the best mean accuracy among those where no seed diverged."""
+def choose(sweep: dict) -> str | None:
+    """The key of the setting of best mean accuracy among those where no seed diverged."""
     ok = {lr: row for lr, row in sweep.items() if not row["diverged"]}
     return max(ok, key=lambda lr: statistics.mean(ok[lr]["accuracy"])) if ok else None
 
 
 def main(names=None) -> dict:
     names = list(METHODS) if names is None else names
-    runs = [(name, lr, seed) for name in names for lr in METHODS[name][2] for seed in SEEDS]
-    runs.append(("no communication", BASE.lr, 0))
-    configs = [config(n, lr, s) if n in METHODS else dataclasses.replace(BASE, hook="noop") for n, lr, s in runs]
+    runs = [(name, m, lr, seed) for name in names for m, lrs in METHODS[name][2].items() for lr in lrs
+            for seed in SEEDS]
+    runs.append(("no communication", BASE.momentum, BASE.lr, 0))
+    configs = [config(n, lr, s, m) if n in METHODS else dataclasses.replace(BASE, hook="noop") for n, m, lr, s in runs]
     start = time.perf_counter()
     results = spawn(train_several, 2, configs, backend="gloo", timeout_s=1800)[0]
     seconds = time.perf_counter() - start
     by_run = dict(zip(runs, results))
     table = {}
     for name in names:
-        variant, fields, lrs = METHODS[name]
+        variant, fields, grid = METHODS[name]
         sweep = {}
-        for lr in lrs:
-            outs = [by_run[(name, lr, s)] for s in SEEDS]
-            sweep[str(lr)] = {"accuracy": [round(accuracy(o), 2) for o in outs],
-                              "diverged": any(diverged(o) for o in outs)}
+        for m, lrs in grid.items():
+            for lr in lrs:
+                outs = [by_run[(name, m, lr, s)] for s in SEEDS]
+                sweep[key(m, lr)] = {"momentum": m, "lr": lr, "accuracy": [round(accuracy(o), 2) for o in outs],
+                                     "diverged": any(diverged(o) for o in outs)}
         best = choose(sweep)
-        row = {"variant": variant, "config": fields, "lrs": list(lrs), "sweep": sweep,
-               "best_lr": None if best is None else float(best), "diverged": best is None}
+        row = {"variant": variant, "config": fields, "grid": {str(m): list(lrs) for m, lrs in grid.items()},
+               "sweep": sweep, "best_lr": None if best is None else sweep[best]["lr"],
+               "best_momentum": None if best is None else sweep[best]["momentum"], "diverged": best is None}
         if best is not None:
-            outs = [by_run[(name, float(best), s)] for s in SEEDS]
+            outs = [by_run[(name, sweep[best]["momentum"], sweep[best]["lr"], s)] for s in SEEDS]
             accs = [accuracy(o) for o in outs]
             reached = [steps_to(o) for o in outs]
             step_s = statistics.mean(statistics.median(o.step_time_s[20:]) for o in outs)
@@ -112,7 +129,7 @@ def main(names=None) -> dict:
                        time_to_target_s=(round(statistics.mean(reached) * step_s, 3) if all(reached) else None),
                        bytes_per_step=round(outs[0].bytes[-1] / BASE.steps, 1))
         table[name] = row
-    noop = by_run[("no communication", BASE.lr, 0)]
+    noop = by_run[("no communication", BASE.momentum, BASE.lr, 0)]
     return {"base": {f.name: getattr(BASE, f.name) for f in dataclasses.fields(BASE)
                      if getattr(BASE, f.name) != f.default or f.name in ("hidden", "steps", "lr", "momentum")},
             "seeds": list(SEEDS), "target_accuracy": TARGET, "world_size": 2,
@@ -123,13 +140,15 @@ def main(names=None) -> dict:
 
 
 def print_table(out: dict) -> None:
-    print(f"{'':18s} {'best lr':>7s} {'accuracy (%)':>13s} {'to 90%':>8s} {'step ms':>8s} {'bytes/step':>10s}  variant")
+    print(f"{'':18s} {'momentum':>8s} {'best lr':>7s} {'accuracy (%)':>13s} {'to 90%':>8s} {'step ms':>8s} "
+          f"{'bytes/step':>10s}  variant")
     for name, row in out["methods"].items():
         if row["diverged"]:
-            print(f"{name:18s} {'diverged at every rate':>40s}  {row['variant']}")
+            print(f"{name:18s} {'diverged at every setting':>49s}  {row['variant']}")
             continue
         t = f"{row['time_to_target_s']:.2f} s" if row["time_to_target_s"] is not None else "never"
-        print(f"{name:18s} {row['best_lr']:7g} {row['accuracy_mean']:6.1f} ± {row['accuracy_sd']:4.1f} {t:>8s} "
+        print(f"{name:18s} {row['best_momentum']:8g} {row['best_lr']:7g} {row['accuracy_mean']:6.1f} ± "
+              f"{row['accuracy_sd']:4.1f} {t:>8s} "
               f"{row['step_ms']:8.2f} {row['bytes_per_step']:10.0f}  {row['variant']}")
 
 

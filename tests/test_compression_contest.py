@@ -1,5 +1,6 @@
 """The committed compression contest (benchmarks/results/compression_contest.json): each method's
-chosen learning rate is its sweep's best, one run reproduces its row, and notebook 06 uses it."""
+chosen setting (momentum and learning rate) is its sweep's best, one run reproduces its row, and
+notebook 06 uses it."""
 
 import importlib.util
 import json
@@ -27,14 +28,17 @@ def test_each_chosen_rate_is_the_best_of_its_sweep():
     bench = _benchmark()
     assert list(RESULTS["methods"]) == list(bench.METHODS)
     for name, row in RESULTS["methods"].items():
-        assert len(row["sweep"]) == 3 and len(RESULTS["seeds"]) >= 3, name
+        assert len(row["sweep"]) >= 3 and len(RESULTS["seeds"]) >= 3, name
         assert row["config"] == bench.METHODS[name][1], f"{name}: the committed table is of another variant"
-        finite = {float(lr): statistics.mean(r["accuracy"]) for lr, r in row["sweep"].items() if not r["diverged"]}
+        grid = {(m, lr) for m, lrs in bench.METHODS[name][2].items() for lr in lrs}
+        assert {(r["momentum"], r["lr"]) for r in row["sweep"].values()} == grid, f"{name}: another grid"
+        finite = {(r["momentum"], r["lr"]): statistics.mean(r["accuracy"])
+                  for r in row["sweep"].values() if not r["diverged"]}
         if not finite:
             assert row["diverged"] and row["best_lr"] is None
             continue
-        assert row["best_lr"] == max(finite, key=finite.get), name
-        assert row["accuracy_mean"] == pytest.approx(finite[row["best_lr"]], abs=0.01), name
+        assert (row["best_momentum"], row["best_lr"]) == max(finite, key=finite.get), name
+        assert row["accuracy_mean"] == pytest.approx(finite[row["best_momentum"], row["best_lr"]], abs=0.01), name
 
 
 def test_the_choice_refuses_a_rate_where_a_seed_diverged():
@@ -49,9 +53,9 @@ def test_one_run_reproduces_its_committed_row():
     """QSGD 4-bit at its chosen rate, seed 0: the accuracy and the exact bytes of the committed row."""
     bench = _benchmark()
     row = RESULTS["methods"]["QSGD 4-bit"]
-    config = bench.config("QSGD 4-bit", row["best_lr"], RESULTS["seeds"][0])
+    config = bench.config("QSGD 4-bit", row["best_lr"], RESULTS["seeds"][0], row["best_momentum"])
     out = spawn(ddp_train, 2, config, backend="gloo", timeout_s=120)[0]
-    committed = row["sweep"][str(row["best_lr"])]["accuracy"][0]
+    committed = row["sweep"][bench.key(row["best_momentum"], row["best_lr"])]["accuracy"][0]
     assert abs(bench.accuracy(out) - committed) < 2.0, (bench.accuracy(out), committed)
     assert out.bytes[-1] / config.steps == pytest.approx(row["bytes_per_step"], abs=0.1)
 
@@ -60,6 +64,7 @@ def test_notebook_06_trains_each_method_at_its_chosen_rate():
     nb = json.loads((ROOT / "notebooks" / "06_compression.ipynb").read_text())
     code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
     assert "compression_contest.json" in code and 'lr=row["best_lr"]' in code
+    assert 'momentum=row["best_momentum"]' in code
 
 
 def test_time_to_accuracy_break_even_against_a_direct_formula():
