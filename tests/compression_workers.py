@@ -24,9 +24,12 @@ COMPRESSORS = {
 
 
 def one_step_against_a_reference(rank, world_size, name):
-    """One backward through DDP with compression_hook (no memory yet: the first step), beside a
-    reference computed without the hook: every rank's plain local gradient, gathered with a plain
-    all_gather, each compressed by a fresh compressor of the same seed, decompressed and averaged."""
+    """One backward through DDP with compression_hook (no memory yet: the first step). Returned beside
+    it, for the test to build its reference from first principles: every rank's plain local gradient
+    (computed without DDP, gathered with a plain all_gather) and, for the 16-bit casts, the gradient
+    torch's own ``fp16_compress_hook`` / ``bf16_compress_hook`` give on the same step."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
     torch.manual_seed(0)
     net = nn.Linear(20, 10)
     x = torch.randn(8, 20, generator=torch.Generator().manual_seed(rank))
@@ -36,23 +39,25 @@ def one_step_against_a_reference(rank, world_size, name):
     everyone = [torch.empty_like(flat) for _ in range(world_size)]
     dist.all_gather(everyone, flat)
 
-    make = COMPRESSORS[name]
-    compressor = make()
-    payloads = [make().compress(g) for g in everyone]
-    if name == "sign_majority":
-        votes = sum(compressor.signs(p, ctx) for p, ctx in payloads)
-        reference = sum(p[0] for p, _ in payloads) / world_size * torch.sign(votes)
-    else:
-        reference = sum(compressor.decompress(p, ctx) for p, ctx in payloads) / world_size
-
-    model = DDP(net)
+    model = DDP(copy.deepcopy(net))
     # the bucket whole (per tensor: per_tensor_against_a_reference); what is checked here is the exchange
-    model.register_comm_hook(C.CompressionState(compressor, per_tensor=False), C.compression_hook)
+    model.register_comm_hook(C.CompressionState(COMPRESSORS[name](), per_tensor=False), C.compression_hook)
+    torch.manual_seed(100 + rank)  # the ranks' own random streams differ: shared draws must come from the seed
     hooks.traffic.reset()
     model(x).square().mean().backward()
     got = torch.cat([p.grad.flatten() for p in model.parameters()])
-    kept = [p[0].numel() for p, _ in payloads]
-    return {"got": got, "reference": reference, "bytes": hooks.traffic.bytes, "kept": kept, "numel": flat.numel()}
+    out = {"got": got, "everyone": everyone, "bytes": hooks.traffic.bytes}
+    if name in ("fp16", "bf16"):
+        torch_hook = getattr(default_hooks, f"{name}_compress_hook")
+
+        def under_another_name(state, bucket):  # DDP refuses the bf16 hook by name off NCCL; gloo runs it
+            return torch_hook(state, bucket)
+
+        theirs = DDP(copy.deepcopy(net))
+        theirs.register_comm_hook(None, under_another_name)
+        theirs(x).square().mean().backward()
+        out["torch_hook"] = torch.cat([p.grad.flatten() for p in theirs.parameters()])
+    return out
 
 
 def train_and_compare_ranks(rank, world_size, names, steps=6):

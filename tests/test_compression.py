@@ -18,23 +18,66 @@ def _x(n=1000, seed=0):
     return torch.randn(n, generator=torch.Generator().manual_seed(seed))
 
 
+def _pack_ref(values, bits):
+    """Bit packing written out: each value's bits, lowest first, one stream; then 8 bits to a byte,
+    the first bit of the stream the byte's lowest (the last byte padded with zeros)."""
+    stream = [(v >> b) & 1 for v in values for b in range(bits)]
+    stream += [0] * (-len(stream) % 8)
+    return [sum(bit << i for i, bit in enumerate(stream[j: j + 8])) for j in range(0, len(stream), 8)]
+
+
+def _format_bytes(compressor, n, kept):
+    """The bytes a compressor's payload for n entries must have, counted from its format: float32
+    values and scales (4 bytes), int32 indices (4), 16-bit casts (2), packed fields of b bits per entry
+    (ceil(n b / 8) bytes). ``kept``: the entries Threshold keeps."""
+    if isinstance(compressor, C.PerTensor):
+        return sum(_format_bytes(compressor.inner, m, kept) for m in compressor.numels)
+    k = max(1, math.ceil(getattr(compressor, "ratio", 1) * n))
+    if isinstance(compressor, C.TopK):
+        return k * (4 + 4)
+    if isinstance(compressor, C.RandomK):
+        return k * 4  # values only: the indices come from the shared seed
+    if isinstance(compressor, C.Threshold):
+        return kept * (4 + 4)
+    if isinstance(compressor, C.QSGD):  # l in 0..levels takes levels.bit_length() bits; a sign bit; norms
+        buckets = 1 if compressor.bucket_size is None else math.ceil(n / compressor.bucket_size)
+        return 4 * buckets + math.ceil(n * compressor.levels.bit_length() / 8) + math.ceil(n / 8)
+    if isinstance(compressor, C.SignSGD):
+        return 4 + math.ceil(n / 8)
+    if isinstance(compressor, C.TernGrad):
+        return 4 + math.ceil(2 * n / 8)
+    if isinstance(compressor, (C.FP16, C.BF16)):
+        return 2 * n
+    raise TypeError(compressor)
+
+
+def _bytes_of(payload):
+    """The payload's bytes as torch lays them out: each tensor viewed as raw uint8."""
+    return sum(t.contiguous().view(torch.uint8).numel() for t in payload)
+
+
 @pytest.mark.parametrize("bits", [1, 2, 3, 4, 5, 6, 7, 8])
 @pytest.mark.parametrize("n", [1, 7, 8, 33])
 def test_pack_bits_round_trips(bits, n):
     values = torch.randint(0, 2**bits, (n,), generator=torch.Generator().manual_seed(n))
     packed = C.pack_bits(values, bits)
     assert packed.dtype == torch.uint8 and packed.numel() == math.ceil(n * bits / 8)
+    assert packed.tolist() == _pack_ref(values.tolist(), bits)
     assert torch.equal(C.unpack_bits(packed, bits, n).long(), values)
 
 
 @pytest.mark.parametrize("compressor", ALL, ids=repr)
 @pytest.mark.parametrize("n", [1, 7, 1000, 1001])
-def test_wire_bytes_are_the_payloads_bytes(compressor, n):
+def test_wire_bytes_are_the_payloads_bytes_counted_from_the_format(compressor, n):
     if isinstance(compressor, C.PerTensor):
         compressor = C.PerTensor(compressor.inner, [1, n - 1] if n > 1 else [1])
-    payload, ctx = compressor.compress(_x(n))
-    extra = {"kept": payload[0].numel()} if isinstance(compressor, C.Threshold) else {}
-    assert compressor.wire_bytes(n, **extra) == C.payload_bytes(payload)
+    x = _x(n)
+    payload, ctx = compressor.compress(x)
+    kept = int((x.abs() >= compressor.value).sum()) if isinstance(compressor, C.Threshold) else None
+    expected = _format_bytes(compressor, n, kept)
+    assert _bytes_of(payload) == expected  # what is really sent
+    assert C.payload_bytes(payload) == expected
+    assert compressor.wire_bytes(n, *([kept] if kept is not None else [])) == expected  # what it promises
     assert compressor.decompress(payload, ctx).shape == (n,)
 
 
@@ -88,21 +131,45 @@ def test_same_seed_same_draws_fresh_draws_per_call():
 
 
 def test_summable_payloads_add_up_to_the_sum():
+    """Two ranks' payloads summed entry by entry (what an all-reduce does) decompress to the sum of
+    the tensors as each format keeps it: in float16, every entry; random-k, the entries both drew."""
     x, y = _x(100, 1), _x(100, 2)
-    for c in (C.FP16(), C.RandomK(0.2, seed=5)):
-        other = type(c)(0.2, seed=5) if isinstance(c, C.RandomK) else type(c)()
-        (px, ctx), (py, _) = c.compress(x), other.compress(y)
-        total = c.decompress([a + b for a, b in zip(px, py)], ctx)
-        expected = c.decompress(px, ctx) + other.decompress(py, ctx)
-        torch.testing.assert_close(total, expected, rtol=1e-3, atol=1e-3)
-        assert c.summable
+    fp16 = C.FP16()
+    (px, ctx), (py, _) = fp16.compress(x), C.FP16().compress(y)
+    assert torch.equal(fp16.decompress([a + b for a, b in zip(px, py)], ctx), (x.half() + y.half()).float())
+    a, b = C.RandomK(0.2, seed=5), C.RandomK(0.2, seed=5)
+    (px, ctx), (py, _) = a.compress(x), b.compress(y)
+    chosen = torch.isin(x, px[0])  # where x's values went (x's entries are all different)
+    assert chosen.sum() == 20 and torch.equal(torch.isin(y, py[0]), chosen)  # the same entries on both ranks
+    assert torch.equal(a.decompress([px[0] + py[0]], ctx), torch.where(chosen, x + y, 0.0))
+    assert fp16.summable and a.summable and C.BF16().summable
     assert not C.TopK(0.1).summable and not C.SignSGD().summable
+
+
+@pytest.mark.parametrize("cast, dtype", [(C.FP16, torch.float16), (C.BF16, torch.bfloat16)])
+def test_the_casts_round_as_torch_does(cast, dtype):
+    """Against torch's own casts; float16 overflows past 65504 and flushes tiny values to zero,
+    bfloat16 keeps float32's range (8 bits of mantissa)."""
+    x = torch.cat([_x(1000, 3), torch.tensor([70000.0, -70000.0, 1e-9, 1 / 3])])
+    if dtype == torch.float16:  # past 65504 torch's cast gives inf: the compressor says so instead of sending it
+        with pytest.raises(OverflowError, match="do not fit in torch.float16"):
+            cast().compress(x)
+        x[-4:-2] = torch.tensor([65504.0, -65504.0])  # the largest float16, exactly
+    payload, ctx = cast().compress(x)
+    assert payload[0].dtype == dtype and len(payload) == 1
+    got = cast().decompress(payload, ctx)
+    assert got.dtype == torch.float32 and torch.equal(got, x.to(dtype).float())
+    if dtype == torch.float16:
+        assert got[-4:-2].tolist() == [65504.0, -65504.0] and got[-2] == 0  # 1e-9 flushed to zero
+    else:
+        assert got[-4] == 70144 and got[-2] > 0  # bfloat16's nearest, and no underflow
+    assert got[-1] != x[-1]  # really rounded
 
 
 @pytest.mark.parametrize("make, match", [
     (lambda: C.TopK(0), "0 < ratio <= 1"), (lambda: C.RandomK(1.5), "0 < ratio <= 1"),
     (lambda: C.QSGD(300), "from 1 to 255"), (lambda: C.TernGrad(clip_sigma=0), "standard deviations"),
-    (lambda: C.Threshold(0), "must be > 0"),
+    (lambda: C.Threshold(0), "must be a finite number > 0"),
     (lambda: C.SignSGD("vote"), "'mean' or 'majority'"),
 ])
 def test_bad_arguments_say_what_to_write(make, match):
@@ -110,16 +177,72 @@ def test_bad_arguments_say_what_to_write(make, match):
         make()
 
 
+def _hook_reference(name, grads):
+    """What the hook must hand DDP on its first step, from first principles, with no compressor of
+    the package: each rank's gradient compressed by its paper's rule written out here, then averaged.
+    The random compressors draw their uniforms from a generator of the compressor's seed (0): every
+    rank's fresh compressor draws the same numbers."""
+    world_size, n = len(grads), grads[0].numel()
+    u = torch.rand(n, generator=torch.Generator().manual_seed(0))
+    if name == "topk":  # the ceil(0.1 n) largest magnitudes, picked by a full sort
+        parts = []
+        for g in grads:
+            keep = torch.sort(g.abs(), descending=True).indices[: math.ceil(0.1 * n)]
+            parts.append(torch.zeros(n).index_put((keep,), g[keep]))
+    elif name == "threshold":
+        parts = [torch.where(g.abs() >= 0.05, g, 0.0) for g in grads]
+    elif name == "qsgd":  # 4 levels, a norm per 128 entries (the bucket whole, as the worker asks)
+        parts = [W._qsgd_ref(g, u, levels=4, bucket=128) for g in grads]
+    elif name == "terngrad":
+        parts = [W._terngrad_ref(g, u) for g in grads]
+    elif name in ("sign", "sign_majority"):
+        parts = [W._sign_ref(g, u) for g in grads]
+        if name == "sign_majority":  # the sign of the summed signs, times the mean of the ranks' scales
+            votes = sum(torch.where(g >= 0, 1.0, -1.0) for g in grads)
+            return torch.sign(votes) * sum(g.abs().mean() for g in grads) / world_size
+    elif name in ("fp16", "bf16"):  # each rank's cast, summed in 16 bits (what the all-reduce does), then halved
+        dtype = torch.float16 if name == "fp16" else torch.bfloat16
+        total = grads[0].to(dtype)
+        for g in grads[1:]:
+            total = total + g.to(dtype)
+        return total.float() / world_size
+    else:
+        raise KeyError(name)
+    return sum(parts) / world_size
+
+
+def _hook_bytes(name, n, kept):
+    """The bytes one rank hands over, counted from the format: float32 values and scales (4 bytes),
+    int32 indices (4), int64 sizes (8), 16-bit casts (2); QSGD(4): levels 0..4 in 3 bits, a sign bit
+    and a norm per 128 entries; signSGD: a bit per entry; TernGrad: 2 bits per entry."""
+    return {"topk": math.ceil(0.1 * n) * (4 + 4),
+            "randomk": math.ceil(0.2 * n) * 4,  # values only: every rank draws the same indices
+            "threshold": 8 + max(kept) * (4 + 4),  # the sizes first, then payloads padded to the largest
+            "qsgd": 4 * math.ceil(n / 128) + math.ceil(3 * n / 8) + math.ceil(n / 8),
+            "sign": 4 + math.ceil(n / 8), "sign_majority": 4 + math.ceil(n / 8),
+            "terngrad": 4 + math.ceil(2 * n / 8),
+            "fp16": 2 * n, "bf16": 2 * n}[name]
+
+
 @pytest.mark.parametrize("name", sorted(W.COMPRESSORS))
 def test_the_hook_averages_what_each_rank_compressed_and_counts_its_bytes(name):
-    for rank, out in enumerate(spawn(W.one_step_against_a_reference, 2, name, backend="gloo", timeout_s=120)):
-        tol = 1e-2 if name in ("fp16", "bf16") else 1e-5
-        torch.testing.assert_close(out["got"], out["reference"], rtol=tol, atol=tol, msg=f"{name}, rank {rank}")
-        compressor = W.COMPRESSORS[name]()
-        if name == "threshold":  # the sizes first (an int64 each), then payloads padded to the largest
-            assert out["bytes"] == 8 + compressor.wire_bytes(out["numel"], max(out["kept"]))
+    outs = spawn(W.one_step_against_a_reference, 2, name, backend="gloo", timeout_s=120)
+    grads = outs[0]["everyone"]
+    n = grads[0].numel()
+    assert n == 20 * 10 + 10
+    for rank, out in enumerate(outs):
+        got = out["got"]
+        if name == "randomk":  # the chosen entries hold the dense mean of the raw gradients, the rest zero
+            chosen = got != 0
+            assert chosen.sum() == math.ceil(0.2 * n), f"rank {rank}: {int(chosen.sum())} entries kept"
+            reference = torch.where(chosen, sum(grads) / len(grads), 0.0)
         else:
-            assert out["bytes"] == compressor.wire_bytes(out["numel"])
+            reference = _hook_reference(name, grads)
+        torch.testing.assert_close(got, reference, rtol=1e-5, atol=1e-6, msg=f"{name}, rank {rank}")
+        if name in ("fp16", "bf16"):  # and what torch's own hook gives, on gloo
+            torch.testing.assert_close(got, out["torch_hook"], rtol=1e-5, atol=1e-6, msg=f"{name}: torch's hook")
+        kept = [int((g.abs() >= 0.05).sum()) for g in grads]
+        assert out["bytes"] == _hook_bytes(name, n, kept), f"{name}, rank {rank}"
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
@@ -262,8 +385,13 @@ def test_the_hook_scales_each_tensor_on_its_own_as_the_papers_do(name):
         torch.testing.assert_close(out["per_tensor"], out["reference"], rtol=1e-5, atol=1e-6,
                                    msg=f"{name}, rank {rank}")
         assert not torch.allclose(out["whole"], out["reference"], rtol=1e-3, atol=1e-4), f"{name}: whole bucket passed"
-        compressor = W.PER_TENSOR[name][0]()
-        assert out["bytes"] == sum(compressor.wire_bytes(n) for n in out["numels"])
+        assert out["numels"] == [320, 16, 64, 4]
+        # from the format, tensor by tensor: float32 scales (QSGD: a norm per 128 entries), then packed
+        # fields of so many bits per entry (signs: 1; TernGrad: 2; QSGD(15): l in 4 bits, a sign bit)
+        fields = {"sign": [1], "sign_majority": [1], "terngrad": [2], "qsgd": [4, 1]}[name]
+        scales = [math.ceil(n / 128) if name == "qsgd" else 1 for n in out["numels"]]
+        assert out["bytes"] == sum(4 * s + sum(math.ceil(n * b / 8) for b in fields)
+                                   for n, s in zip(out["numels"], scales))
 
 
 def test_qsgd_sends_its_levels_in_as_few_bits_as_they_need():
