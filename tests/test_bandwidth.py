@@ -103,3 +103,12 @@ def test_notebook_07_counts_collectives_as_ddp_buckets_them(bucket_cap_mb):
     sent = plain.collectives_per_step(3, 5)
     assert len(sent) == len(layout) and sum(b for _, b in sent) == 4 * sum(layout)
     assert len(psgd.collectives_per_step(3, 5)) == 2 * len(layout)  # P and Q per bucket
+
+
+def test_notebook_07_unset_bucket_cap_splits_its_model_in_two():
+    # Notebook 07 says why it passes bucket_cap_mb=25 explicitly: left unset, DDP closes its first bucket at
+    # 1 MiB (dist._DEFAULT_FIRST_BUCKET_BYTES), so after the rebuild the same model is two buckets, where the
+    # explicit 25 MB gives one (the test above). The reference is what DDP hands its hook.
+    layout = spawn(W.ddp_bucket_numels, 2, None, backend="gloo")[0][-1]  # after the rebuild
+    assert sum(layout) == 1_585_162
+    assert len(layout) == 2
