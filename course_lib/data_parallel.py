@@ -144,7 +144,7 @@ class DataParallelNaive(_DataParallel):
             start = time.perf_counter()
             hooks.all_reduce_counted(p.grad, self.process_group)
             # sum, then divide: in float32 either order gives the average (DDP divides first, so
-            # that 16-bit gradients cannot overflow in the sum; the other two wrappers do too)
+            # that 16-bit gradients cannot overflow in the sum; the other three wrappers do too)
             p.grad.div_(self.world_size)
             self.events.append(Event("all_reduce", name, start, time.perf_counter()))
 
