@@ -136,9 +136,9 @@ def test_batched_hook_works_on_gloo_with_small_buckets():
     assert ours0.loss[-1] < ours0.loss[0]
 
 
-def test_the_hook_does_what_error_feedback_step_says():
-    # error_feedback_step is the notebook's one-worker statement of error feedback; the hook does
-    # the same bucket by bucket: sent = compress(grad + error), new error = grad + error - sent
+def test_the_hook_does_error_feedback_as_written_out():
+    # sent = compress(grad + error), new error = grad + error - sent, computed in the worker with
+    # plain products, against what the hook sent and kept
     for rank, out in enumerate(spawn(W.hook_against_error_feedback_step, 2, backend="gloo")):
         torch.testing.assert_close(out["hook_sent"], out["sent"], rtol=1e-5, atol=1e-6, msg=f"rank {rank}")
         torch.testing.assert_close(out["hook_error"], out["error"], rtol=1e-5, atol=1e-6, msg=f"rank {rank}")
