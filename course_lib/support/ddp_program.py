@@ -11,6 +11,7 @@ the rounding of the hook's precision.
 """
 
 import datetime
+import gc
 import os
 import subprocess
 import sys
@@ -64,6 +65,7 @@ def ddp_program(rank: int, world_size: int, out_dir: str) -> None:
     dist.init_process_group(backend, init_method=rendezvous, rank=rank, world_size=world_size)
     result = train_steps(rank, world_size)
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    gc.collect()  # free the DDP model (a reference cycle) while the group lives: at exit, gloo can abort
     dist.barrier()
     dist.destroy_process_group()
 
