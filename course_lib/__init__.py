@@ -9,15 +9,15 @@ What a student learns, in the order the notebooks use it:
 * ``collectives`` (02): broadcast, reduce and all-reduce built on ``send`` and ``recv``;
 * ``data_parallel`` (03): data parallelism from scratch: per-parameter, flat, overlapped and bucketed
   all-reduce of the gradients, the same gradients as torch's DDP;
-* ``costmodel`` (02, 07): the alpha-beta cost of each collective, bus bandwidth, fits, step-time
+* ``costmodel`` (02, 10): the alpha-beta cost of each collective, bus bandwidth, fits, step-time
   predictions, typical interconnects; arithmetic only;
-* ``bandwidth`` (02, 07): measuring collectives in worker processes, as nccl-tests does;
-* ``lowrank`` (04): power iteration against the SVD, and the power step PowerSGD is built on;
-* ``hooks`` (01, 03, 05): DDP communication hooks (all-reduce, fp16, bf16), every byte counted;
-* ``powersgd`` (05): the PowerSGD hook with error feedback, a drop-in for torch's;
-* ``compression`` (06, being built): sparsification and quantization compressors (top-k, random-k,
+* ``bandwidth`` (02, 10): measuring collectives in worker processes, as nccl-tests does;
+* ``lowrank`` (05): power iteration against the SVD, and the power step PowerSGD is built on;
+* ``hooks`` (03, 06, 07): DDP communication hooks (all-reduce, fp16, bf16), every byte counted;
+* ``powersgd`` (06, 07): the PowerSGD hook with error feedback, a drop-in for torch's;
+* ``compression`` (08): sparsification and quantization compressors (top-k, random-k,
   threshold, QSGD, signSGD, TernGrad, fp16, bf16), numerics apart from communication;
-* ``train`` (03, 05, 07): data-parallel training on the digits, in notebooks and under ``torchrun``:
+* ``train`` (03, 07, 10): data-parallel training on the digits, in notebooks and under ``torchrun``:
   ``TrainConfig`` in, ``TrainResult`` out.
 
 The course's own support, in ``support``: none of it is an algorithm.
@@ -30,8 +30,9 @@ The course's own support, in ``support``: none of it is an algorithm.
 * ``support.figures``: the diagrams in ``img/`` and plots of a notebook's own results;
 * ``support.widgets``: the rank and bandwidth sliders;
 * ``support.timing``: the median of repeated timings;
-* ``support.shapes``: parameter shapes of well-known models (ResNet-18 for CIFAR-10), written out.
-* ``support.checks``: argument checks that name the bad argument, its value and what is allowed.
+* ``support.shapes``: parameter shapes of well-known models (ResNet-18 for CIFAR-10), written out;
+* ``support.checks``: argument checks that name the bad argument, its value and what is allowed;
+* ``support.progress``: a progress bar that a saved notebook shows finished.
 """
 
 __version__ = "0.1.0"

@@ -11,12 +11,12 @@ memory, and a DDP experiment that counts all-reduces (through ``course_lib.hooks
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from tqdm.auto import tqdm
 
 from course_lib import hooks
 from course_lib.launch import worker_device
 from course_lib.support import checks
 from course_lib.support.digits import batch_slice, digits_tensors, mlp
+from course_lib.support.progress import progress_bar
 
 __all__ = [
     "split",
@@ -92,7 +92,7 @@ def train(batch_size: int, k: int, steps: int, lr: float = 0.1, seed: int = 0, p
     losses = []
     steps_iter = range(steps)
     if progress:
-        steps_iter = tqdm(steps_iter, desc=f"B={batch_size}, k={k}", leave=False)
+        steps_iter = progress_bar(steps_iter, desc=f"B={batch_size}, k={k}")
     for step in steps_iter:
         idx = order[batch_slice(step, batch_size, len(x_train))]
         opt.zero_grad()

@@ -46,7 +46,8 @@ import traceback
 import torch
 import torch.distributed as dist
 from torch.multiprocessing import start_processes
-from tqdm.auto import tqdm
+
+from course_lib.support.progress import progress_bar
 
 __all__ = [
     "WorkerError",
@@ -374,7 +375,7 @@ def spawn(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 
     values: dict[int, object] = {}
     bar = None
     if progress:
-        bar = tqdm(total=progress, desc=desc or getattr(fn, "__name__", "workers"))
+        bar = progress_bar(total=progress, desc=desc or getattr(fn, "__name__", "workers"))
     deadline = time.monotonic() + timeout_s  # starting the workers counts: importing torch takes seconds each
     try:
         _start_workers(procs, error_files, world_size, (fn, world_size, store.port, backend, timeout_s, args, results))

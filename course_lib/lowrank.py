@@ -16,9 +16,9 @@ its one power step (``power_step_p`` and ``power_step_qt``, the two products).
 """
 
 import torch
-from tqdm.auto import tqdm
 
 from course_lib.support import checks
+from course_lib.support.progress import progress_bar
 from course_lib.support.timing import median_seconds
 
 __all__ = [
@@ -190,7 +190,7 @@ def time_methods(shapes, rank: int = 2, repeats: int = 5, seed: int = 0, progres
     g = torch.Generator().manual_seed(seed)
     rows = []
     if progress:
-        shapes = tqdm(shapes, desc="timing")
+        shapes = progress_bar(shapes, desc="timing")
     for n, m in shapes:
         M = torch.randn(n, m, generator=g)
         q = torch.randn(m, rank, generator=g)

@@ -1,27 +1,26 @@
-"""Notebook 06: compression."""
+"""Notebook 06: PowerSGD."""
 
 import math
 
-import torch
+
+def my_should_compress(n, m, r, min_compression_rate):
+    return (n + m) * r * min_compression_rate < n * m
 
 
-def my_topk_allgather_bytes(numel, ratio, world_size):
-    k = max(1, math.ceil(ratio * numel))
-    return (world_size - 1) * k * 8  # 4 bytes of value and 4 of index from each other rank
+def my_error_feedback_step(grad, error, compress):
+    corrected = grad + error
+    sent = compress(corrected)
+    return sent, corrected - sent
 
 
-def my_random_k(x, indices):
-    out = torch.zeros_like(x)
-    out[indices] = x[indices] * x.numel() / len(indices)
-    return out
-
-
-def my_dgc_step(g, u, v, momentum, k):
-    u = momentum * u + g  # momentum correction: the velocity first...
-    v = v + u  # ...then accumulated
-    chosen = v.abs().topk(k).indices
-    sent = torch.zeros_like(v)
-    sent[chosen] = v[chosen]
-    u = u.clone()
-    u[chosen] = 0  # momentum-factor masking
-    return sent, u, v - sent
+def my_numbers_per_step(shapes, r, min_compression_rate):
+    total = 0
+    for shape in shapes:
+        if len(shape) == 1:  # a bias: sent as it is
+            total += shape[0]
+            continue
+        n, m = shape[0], math.prod(shape[1:])  # a matrix: rows x everything else
+        rank = min(n, m, r)
+        compressed = (n + m) * rank
+        total += compressed if compressed * min_compression_rate < n * m else n * m
+    return total

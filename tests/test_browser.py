@@ -54,7 +54,7 @@ def lab(tmp_path_factory):
     work = tmp_path_factory.mktemp("lab")
     shutil.copytree(ROOT / "notebooks", work / "notebooks", ignore=shutil.ignore_patterns("my_*.py", ".ipynb_*"))
     shutil.copytree(ROOT / "img", work / "img")
-    # notebook 06 reads the committed contest table, as it does in a clone
+    # notebook 08 reads the committed contest table, as it does in a clone
     shutil.copytree(ROOT / "benchmarks" / "results", work / "benchmarks" / "results")
     # JupyterLab 4 leaves off-screen cells out of the page unless windowing is off
     settings = work / "settings" / "@jupyterlab" / "notebook-extension"
@@ -193,9 +193,9 @@ def test_notebook_runs_in_jupyterlab_without_errors(lab, browser, name):
         shown = page.evaluate(PICTURES)
         diagrams = (ROOT / "notebooks" / name).read_text().count("../img/")
         assert len(shown) > diagrams and all(shown), f"{name}: {len(shown)} pictures, decoded: {shown}"
-        if name.startswith("04_"):
+        if name.startswith("05_"):
             _move_rank_slider(page)
-        if name.startswith("07_"):
+        if name.startswith("10_"):
             _move_bandwidth_slider(page)
     finally:
         # as a student closing the notebook: its kernel and any workers go away
@@ -228,29 +228,29 @@ def _explorer(page, label, marker, shot):
 
 
 def _move_rank_slider(page):
-    slider, text, picture = _explorer(page, "rank", "relative error", "04_rank_slider")
+    slider, text, picture = _explorer(page, "rank", "relative error", "05_rank_slider")
     before, src = text.inner_text(), picture.get_attribute("src")
     _press(page, slider, "ArrowRight", 3)
     # 4 (the stored state) + three steps to the right; the kernel recomputes and redraws
     page.wait_for_function("el => el.innerText.startsWith('rank 7:')", arg=text.element_handle(), timeout=60_000)
     _wait_changed(page, picture, "src", src)
     after, src = text.inner_text(), picture.get_attribute("src")
-    page.screenshot(path=str(SHOTS / "04_rank_slider.after.png"))
+    page.screenshot(path=str(SHOTS / "05_rank_slider.after.png"))
     assert before.startswith("rank 4:") and "relative error" in after and after != before
     # the matrix menu: the photograph has other numbers, and another picture, at the same rank
     page.locator(".widget-dropdown select").first.select_option(label="grace_hopper.jpg in grey (600 x 512)")
     _wait_changed(page, text, "innerText", after)
     _wait_changed(page, picture, "src", src)
-    page.screenshot(path=str(SHOTS / "04_matrix_menu.after.png"))
+    page.screenshot(path=str(SHOTS / "05_matrix_menu.after.png"))
     assert text.inner_text().startswith("rank 7:")
 
 
 def _move_bandwidth_slider(page):
-    slider, text, picture = _explorer(page, "GB/s", "bus bandwidth", "07_bandwidth_slider")
+    slider, text, picture = _explorer(page, "GB/s", "bus bandwidth", "10_bandwidth_slider")
     before, src = text.inner_text(), picture.get_attribute("src")
     _press(page, slider, "ArrowRight", 4)  # up the log scale, 0.05 a step
     _wait_changed(page, text, "innerText", before)
     _wait_changed(page, picture, "src", src)
-    page.screenshot(path=str(SHOTS / "07_bandwidth_slider.after.png"))
+    page.screenshot(path=str(SHOTS / "10_bandwidth_slider.after.png"))
     gbps = [float(re.search(r"bus bandwidth ([\d.]+) GB/s", t).group(1)) for t in (before, text.inner_text())]
     assert gbps[0] == 1.25 and gbps[1] > 1.25, gbps

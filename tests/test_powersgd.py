@@ -167,7 +167,7 @@ def test_a_parameter_that_reuses_a_dead_ones_id_gets_a_key_of_its_own():
 
 
 def test_try_training_says_how_torchs_hooks_end_with_many_buckets():
-    # what notebook 05 runs: with two buckets (after DDP's rebuild) torch's layer-wise hook pairs up different
+    # what notebook 06 runs: with two buckets (after DDP's rebuild) torch's layer-wise hook pairs up different
     # collectives on the two ranks (a gloo abort or a hang), its batched hook raises in _orthogonalize
     tiny = TrainConfig(hidden=256, depth=2, lr=0.05, steps=10, start_powerSGD_iter=3, bucket_cap_mb=0.05,
                        eval_every=1000)

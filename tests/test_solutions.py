@@ -10,7 +10,7 @@ from torch import nn
 
 from course_lib import lowrank as L
 from course_lib.support import exercises as ex
-from solutions import nb00, nb01, nb02, nb03, nb04, nb05, nb06, nb07
+from solutions import nb00, nb01, nb02, nb03, nb05, nb06, nb08, nb10
 from tests import exercise_answers as A
 
 ANSWERS = [
@@ -25,18 +25,18 @@ ANSWERS = [
     (ex.check_halving_doubling, nb02.halving_doubling_all_reduce),
     (ex.check_ddp_buckets, nb03.my_ddp_buckets),
     (ex.check_sync_time, nb03.my_sync_time),
-    (ex.check_orthogonalize, nb04.my_orthogonalize),
-    (ex.check_power_step, nb04.my_power_step),
-    (ex.check_smallest_rank, nb04.my_smallest_rank),
-    (ex.check_largest_worth_rank, nb04.my_largest_worth_rank),
-    (ex.check_should_compress, nb05.my_should_compress),
-    (ex.check_error_feedback_step, nb05.my_error_feedback_step),
-    (ex.check_numbers_per_step, nb05.my_numbers_per_step),
-    (ex.check_topk_allgather_bytes, nb06.my_topk_allgather_bytes),
-    (ex.check_random_k, nb06.my_random_k),
-    (ex.check_dgc_step, nb06.my_dgc_step),
-    (ex.check_break_even_bandwidth, nb07.my_break_even_bandwidth),
-    (ex.check_all_gather_busbw, nb07.my_all_gather_busbw),
+    (ex.check_orthogonalize, nb05.my_orthogonalize),
+    (ex.check_power_step, nb05.my_power_step),
+    (ex.check_smallest_rank, nb05.my_smallest_rank),
+    (ex.check_largest_worth_rank, nb05.my_largest_worth_rank),
+    (ex.check_should_compress, nb06.my_should_compress),
+    (ex.check_error_feedback_step, nb06.my_error_feedback_step),
+    (ex.check_numbers_per_step, nb06.my_numbers_per_step),
+    (ex.check_topk_allgather_bytes, nb08.my_topk_allgather_bytes),
+    (ex.check_random_k, nb08.my_random_k),
+    (ex.check_dgc_step, nb08.my_dgc_step),
+    (ex.check_break_even_bandwidth, nb10.my_break_even_bandwidth),
+    (ex.check_all_gather_busbw, nb10.my_all_gather_busbw),
 ]
 
 
@@ -144,7 +144,7 @@ NEAR_MISSES = [
     (ex.check_power_step, _power_step_normalized_not_orthogonal, "key 'PᵀP'"),
     (ex.check_power_step, _power_step_wrong_subspace, "key 'P Pᵀ'"),
     (ex.check_power_step, _power_step_q_from_the_unorthogonalized_p, "key 'P Q_newᵀ'"),
-    (ex.check_power_step, lambda M, Q: nb04.my_power_step(M, Q)[0], "a pair of tensors"),
+    (ex.check_power_step, lambda M, Q: nb05.my_power_step(M, Q)[0], "a pair of tensors"),
     (ex.check_smallest_rank, lambda M, e: 1, "expected"),
     (ex.check_smallest_rank, _smallest_rank_unsquared, "expected"),
     (ex.check_largest_worth_rank, lambda n, m, rate: int(n * m / ((n + m) * rate)), "expected"),  # off by one
@@ -182,7 +182,7 @@ def test_a_right_answer_with_other_signs_passes_the_power_step(capsys):
         return P, M.T @ P
 
     def flipped(M, Q):
-        P, Q_new = nb04.my_power_step(M, Q)
+        P, Q_new = nb05.my_power_step(M, Q)
         return -P, -Q_new
 
     assert ex.check_power_step(by_qr) and ex.check_power_step(flipped)

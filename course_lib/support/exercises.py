@@ -510,7 +510,7 @@ def check_sync_time(student_fn) -> bool:
     return check(student_fn, _sync_time, cases, name=_name(student_fn, "sync_time"), rtol=1e-9, atol=1e-15)
 
 
-# --- notebook 04: power iteration ------------------------------------------------------------------
+# --- notebook 05: power iteration ------------------------------------------------------------------
 
 def _random_matrices(shapes):
     g = torch.Generator().manual_seed(0)
@@ -588,7 +588,7 @@ def check_largest_worth_rank(student_fn) -> bool:
     return check(student_fn, _largest_worth_rank, cases, name=_name(student_fn, "largest_worth_rank"))
 
 
-# --- notebook 05: PowerSGD -------------------------------------------------------------------------
+# --- notebook 06: PowerSGD -------------------------------------------------------------------------
 
 def check_should_compress(student_fn) -> bool:
     """``student_fn(n, m, r, min_compression_rate)`` is True when PowerSGD compresses an n x m matrix."""
@@ -621,7 +621,7 @@ def check_numbers_per_step(student_fn) -> bool:
     return check(student_fn, _numbers_per_step, cases, name=_name(student_fn, "numbers_per_step"))
 
 
-# --- notebook 06: compression ---------------------------------------------------------------------
+# --- notebook 08: compression ---------------------------------------------------------------------
 
 def _topk_allgather_bytes(numel: int, ratio: float, world_size: int) -> int:
     k = max(1, math.ceil(ratio * numel))
@@ -675,7 +675,7 @@ def check_dgc_step(student_fn) -> bool:
     return check(student_fn, _dgc_step, cases, name=_name(student_fn, "dgc_step"))
 
 
-# --- notebook 07: multi-GPU ------------------------------------------------------------------------
+# --- notebook 10: multi-GPU ------------------------------------------------------------------------
 
 def _break_even_busbw(hook: dict, reference: dict, world_size: int, alpha_s: float) -> float:
     """Bisection on the cost model's predictions, in log space: where hook and reference take equally long."""

@@ -36,7 +36,7 @@ def hopper_gray() -> torch.Tensor:
 
 
 def default_matrices(seed: int = 0) -> dict[str, torch.Tensor]:
-    """The matrices notebook 04 talks about: its real gradient (the digits MLP's 256 x 256 hidden
+    """The matrices notebook 05 talks about: its real gradient (the digits MLP's 256 x 256 hidden
     layer at step 40), its random matrix of the same shape, and the grey photograph."""
     grad = gradient_snapshots(40, seed=seed)[-1]["2.weight"]
     return {

@@ -1,4 +1,4 @@
-"""Notebook 07: when does compression pay?"""
+"""Notebook 10: when does compression pay?"""
 
 import math
 
