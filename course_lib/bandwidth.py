@@ -16,6 +16,7 @@
 *whole* gathered buffer for all-gather and reduce-scatter, as in nccl-tests.
 """
 
+import numbers
 import statistics
 import time
 
@@ -25,6 +26,7 @@ import torch.distributed as dist
 from course_lib import collectives as C
 from course_lib.costmodel import bus_factor
 from course_lib.launch import report_progress, worker_device
+from course_lib.support import checks
 from course_lib.support.timing import median_seconds
 
 __all__ = ["measure_like_nccl_tests", "time_like_nccl_tests", "measure_collective", "METHODS", "sweep", "ping_pong",
@@ -45,6 +47,32 @@ def _torch_op(op, n):
     if op == "reduce_scatter":
         return lambda t: dist.reduce_scatter_tensor(t.chunk(n)[dist.get_rank()].clone(), t)
     raise ValueError(op)
+
+
+OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter")
+
+
+def _check_op(op) -> None:
+    if op not in OPS:
+        raise ValueError(f"op must be one of {', '.join(OPS)}, got {op!r}")
+
+
+def _check_sizes(sizes_bytes) -> list[int]:
+    """Sizes in bytes: a list (or other iterable) of positive integers; one integer is taken as a list of one."""
+    if isinstance(sizes_bytes, numbers.Integral) and not isinstance(sizes_bytes, bool):
+        sizes_bytes = [sizes_bytes]
+    try:
+        sizes = list(sizes_bytes)
+    except TypeError:
+        raise ValueError(f"sizes_bytes must be a list of positive integers (bytes), got {sizes_bytes!r}") from None
+    for size in sizes:
+        checks.integer("each of sizes_bytes", size, 1)
+    return sizes
+
+
+def _check_loop(iters, warmup) -> None:
+    checks.integer("iters", iters, 1)
+    checks.integer("warmup", warmup, 0)
 
 
 def _sync(device):
@@ -73,8 +101,7 @@ def time_like_nccl_tests(run, tensor: torch.Tensor, iters: int = 20, warmup: int
     device is synchronized once, after the loop); the loop's time divided by ``iters`` on each rank;
     then the mean over ranks (nccl-tests' default ``-a 1``). Every rank returns the same number.
     """
-    if iters < 1 or warmup < 0:
-        raise ValueError(f"iters must be >= 1 and warmup >= 0, got iters={iters}, warmup={warmup}")
+    _check_loop(iters, warmup)
     device = torch.device(device) if device is not None else tensor.device
     for _ in range(warmup):
         run(tensor)
@@ -98,6 +125,9 @@ def measure_like_nccl_tests(op: str, sizes_bytes, iters: int = 20, warmup: int =
     correctness column. ``fn(tensor)``, when given, replaces torch's implementation; the bus factor
     still comes from ``op``.
     """
+    _check_op(op)
+    _check_loop(iters, warmup)
+    sizes_bytes = _check_sizes(sizes_bytes)
     n = dist.get_world_size()
     factor = bus_factor(op, n)
     device = torch.device(device) if device is not None else torch.device("cpu")
@@ -121,8 +151,9 @@ def measure_collective(op: str, sizes_bytes, iters: int = 5, warmup: int = 1, de
     Unlike :func:`measure_like_nccl_tests`, each time includes leaving the barrier, as a collective
     issued once per training step does.
     """
-    if iters < 1 or warmup < 0:
-        raise ValueError(f"iters must be >= 1 and warmup >= 0, got iters={iters}, warmup={warmup}")
+    _check_op(op)
+    _check_loop(iters, warmup)
+    sizes_bytes = _check_sizes(sizes_bytes)
     n = dist.get_world_size()
     factor = bus_factor(op, n)
     device = torch.device(device) if device is not None else torch.device("cpu")
@@ -157,6 +188,13 @@ def sweep(rank: int, world_size: int, ops=("all_reduce",), sizes_bytes=None, ite
     to 4 KB-256 MB on a GPU, 4 KB-64 MB on a CPU."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}: use one of {sorted(METHODS)}")
+    if isinstance(ops, str):
+        ops = (ops,)
+    for op in ops:
+        _check_op(op)
+    _check_loop(iters, warmup)
+    if sizes_bytes is not None:
+        sizes_bytes = _check_sizes(sizes_bytes)
     device = worker_device()
     if sizes_bytes is None:
         top = 256 * 2**20 if device.type == "cuda" else 64 * 2**20
@@ -184,6 +222,10 @@ def ping_pong(rank: int, world_size: int, sizes_bytes, iters: int = 5) -> list[t
 
     Other ranks only wait. Returns ``[(nbytes, seconds), ...]`` on every rank (rank 0's numbers).
     """
+    if world_size < 2:
+        raise ValueError(f"ping_pong needs 2 or more ranks (0 and 1 bounce the message), got world_size={world_size}")
+    sizes_bytes = _check_sizes(sizes_bytes)
+    checks.integer("iters", iters, 1)
     out = []
     warm = torch.zeros(1)
     for _ in range(20):  # the first messages between two processes are slow: connections, caches
@@ -205,6 +247,8 @@ def ping_pong(rank: int, world_size: int, sizes_bytes, iters: int = 5) -> list[t
 
 def time_algorithms(rank: int, world_size: int, sizes_bytes, iters: int = 3) -> dict:
     """Worker: median time of each course algorithm and of gloo's own all-reduce, per size."""
+    sizes_bytes = _check_sizes(sizes_bytes)
+    checks.integer("iters", iters, 1)
     runs = {
         "naive_all_reduce": ("all_reduce", C.naive_all_reduce),
         "ring_all_reduce": ("all_reduce", C.ring_all_reduce),
@@ -221,6 +265,9 @@ def time_algorithms(rank: int, world_size: int, sizes_bytes, iters: int = 3) -> 
 
 def measure_gamma(nbytes: int = 16 * 2**20, iters: int = 7, threads: int = 1) -> float:
     """Seconds per byte of an in-place float32 addition ``a += b``, as a worker does it."""
+    checks.integer("nbytes", nbytes, 4)
+    checks.integer("iters", iters, 1)
+    checks.integer("threads", threads, 1)
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -239,8 +286,7 @@ def time_with_cpu(run, tensor: torch.Tensor, iters: int = 5, warmup: int = 1) ->
     on one machine the bytes of a message are copied by its cores, so this says how much of the
     machine a transfer takes. Every rank returns the same pair.
     """
-    if iters < 1 or warmup < 0:
-        raise ValueError(f"iters must be >= 1 and warmup >= 0, got iters={iters}, warmup={warmup}")
+    _check_loop(iters, warmup)
     for _ in range(warmup):
         run(tensor)
     walls, cpus = [], []
@@ -271,6 +317,8 @@ def concurrent_messages(rank: int, world_size: int, sizes_bytes, senders: int | 
     senders = world_size if senders is None else senders
     if not 1 <= senders <= world_size or world_size < 2:
         raise ValueError(f"need 2 or more ranks and 1 <= senders <= world_size, got {senders} of {world_size}")
+    sizes_bytes = _check_sizes(sizes_bytes)
+    checks.integer("iters", iters, 1)
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
     sends, receives = rank < senders, left < senders
     rows = []

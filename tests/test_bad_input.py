@@ -222,3 +222,38 @@ def test_compressors_refuse_or_show_what_they_cannot_send():
     assert torch.isinf(C.FP16().decompress(*C.FP16().compress(torch.tensor([math.inf]))))[0]  # inf in, inf out
     with pytest.raises(TypeError, match="memory must be 'auto' or an object with compensate"):
         C.CompressionState(C.TopK(0.01), memory="bogus")
+
+
+def _bandwidth():
+    from course_lib import bandwidth
+
+    return bandwidth
+
+
+BANDWIDTH = [  # refused before any collective: no process group is needed to see the message
+    (lambda b: b.measure_collective("allreduce", [4096]), "op must be one of all_reduce, broadcast, reduce, "
+     "all_gather, reduce_scatter, got 'allreduce'"),
+    (lambda b: b.measure_like_nccl_tests("all_reduce", [4096, 0]), "each of sizes_bytes must be an integer >= 1, got 0"),
+    (lambda b: b.measure_like_nccl_tests("all_reduce", [-8]), "each of sizes_bytes must be an integer >= 1, got -8"),
+    (lambda b: b.measure_collective("all_reduce", [1.5e6]), "each of sizes_bytes must be an integer >= 1, got 1500000.0"),
+    (lambda b: b.measure_collective("all_reduce", None), "sizes_bytes must be a list of positive integers"),
+    (lambda b: b.measure_collective("all_reduce", [4096], iters=0), "iters must be an integer >= 1, got 0"),
+    (lambda b: b.measure_like_nccl_tests("all_reduce", [4096], warmup=-1), "warmup must be an integer >= 0, got -1"),
+    (lambda b: b.sweep(0, 2, ops=("all_reduce", "gather")), "op must be one of all_reduce"),
+    (lambda b: b.sweep(0, 2, sizes_bytes=[0]), "each of sizes_bytes must be an integer >= 1, got 0"),
+    (lambda b: b.sweep(0, 2, method="nccl"), "unknown method 'nccl'"),
+    (lambda b: b.ping_pong(0, 1, [4096]), "ping_pong needs 2 or more ranks"),
+    (lambda b: b.ping_pong(0, 2, [4096], iters=0), "iters must be an integer >= 1, got 0"),
+    (lambda b: b.time_algorithms(0, 2, [-1]), "each of sizes_bytes must be an integer >= 1, got -1"),
+    (lambda b: b.measure_gamma(nbytes=0), "nbytes must be an integer >= 4, got 0"),
+    (lambda b: b.measure_gamma(threads=0), "threads must be an integer >= 1, got 0"),
+    (lambda b: b.concurrent_messages(0, 2, [4096], senders=3), "1 <= senders <= world_size, got 3 of 2"),
+    (lambda b: b.concurrent_messages(0, 2, [0]), "each of sizes_bytes must be an integer >= 1, got 0"),
+]
+
+
+@pytest.mark.parametrize("call, words", BANDWIDTH, ids=[w[:40] for _, w in BANDWIDTH])
+def test_measurements_refuse_sizes_ops_and_loops_they_cannot_time(call, words):
+    with pytest.raises(ValueError) as info:
+        call(_bandwidth())
+    assert words in str(info.value)
