@@ -77,8 +77,9 @@ def key(momentum: float, lr: float) -> str:
 
 
 def accuracy(result) -> float:
-    """Test accuracy (%), the mean of the last five evaluations."""
-    return 100 * statistics.mean(result.test_accuracy[-5:])
+    """Test accuracy (%), the mean of the last five evaluations (nan when training stopped, diverged,
+    before the first evaluation)."""
+    return 100 * statistics.mean(result.test_accuracy[-5:]) if result.test_accuracy else math.nan
 
 
 def diverged(result) -> bool:

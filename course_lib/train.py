@@ -20,7 +20,9 @@ import functools
 import gc
 import io
 import logging
+import math
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -160,6 +162,8 @@ class TrainResult:
     compression_stats: tuple | None = None  # PowerSGDState.compression_stats() at the end
     log_lines: list[str] = field(default_factory=list)  # what the course's PowerSGD logged (INFO and up)
     threads: int = 0  # the compute threads this worker trained with
+    # the step whose loss was not finite (inf or nan): training stopped there, the lists end with that step
+    diverged_at: int | None = None
 
     def collectives_per_step(self, start: int, end: int) -> list[tuple[str, float]]:
         """What one step of steps ``start + 1`` to ``end`` sent, on average: ``[(op, bytes), ...]``,
@@ -327,6 +331,9 @@ def _ddp_train(rank: int, world_size: int, config: TrainConfig, out: TrainResult
         if c.record_params:
             out.params.append(torch.cat([p.detach().flatten() for p in model.module.parameters()]).cpu())
         report_progress()
+        if not math.isfinite(out.loss[-1]):  # every rank has the same averaged loss: all stop together
+            out.diverged_at = step
+            break
         if (step + 1) % c.eval_every == 0 or step + 1 == c.steps:
             with torch.no_grad():
                 logits = model.module(x_test)
@@ -496,7 +503,11 @@ def main(argv=None) -> None:
     rank, world_size, _ = init_from_env(backend)
     try:
         out = ddp_train(rank, world_size, config)
-        if rank == 0:
+        diverged = out.diverged_at is not None
+        if diverged and rank == 0:
+            print(f"training diverged: the loss was {out.loss[-1]} at step {out.diverged_at}, so training stopped "
+                  f"there. Lower --lr (it was {config.lr:g}) or, with momentum, --momentum.", file=sys.stderr)
+        elif rank == 0:
             print(f"hook={config.hook} world_size={world_size} backend={dist.get_backend()} steps={config.steps}")
             print(f"final train loss {out.loss[-1]:.4f}, test accuracy {out.test_accuracy[-1]:.4f}, "
                   f"gradient bytes sent per rank {out.bytes[-1]}")
@@ -508,6 +519,8 @@ def main(argv=None) -> None:
         dist.barrier()  # and leave together
     finally:
         dist.destroy_process_group()
+    if diverged:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -98,3 +98,21 @@ def test_every_compression_hook_trains_and_keeps_the_ranks_identical():
         assert r0.bytes[-1] > 0 and len(r0.codec_s) == 4 and all(t > 0 for t in r0.codec_s), config.hook
         sent = sum(nbytes for _, nbytes in r0.by_op[-1].values())
         assert sent == r0.bytes[-1], config.hook  # every byte counted under its op
+
+
+def test_training_stops_at_the_first_loss_that_is_not_finite():
+    out = spawn(ddp_train, 2, TrainConfig(steps=40, lr=1e20, eval_every=10), backend="gloo")
+    for r in out:  # the first step's loss is finite; the second is nan after a step of size 1e20
+        assert r.diverged_at == 1 and len(r.loss) == len(r.bytes) == 2 and r.test_accuracy == []
+        assert np.isfinite(r.loss[0]) and not np.isfinite(r.loss[1])
+    healthy = spawn(ddp_train, 2, TrainConfig(steps=5, eval_every=5), backend="gloo")[0]
+    assert healthy.diverged_at is None and len(healthy.loss) == 5
+
+
+def test_the_script_exits_1_and_says_to_lower_the_rate_when_training_diverges():
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "course_lib.train", "--steps", "40", "--lr", "1e20", "--backend", "gloo"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert proc.returncode != 0, proc.stdout
+    assert "training diverged: the loss was nan at step 1" in proc.stderr
+    assert "Lower --lr (it was 1e+20)" in proc.stderr
