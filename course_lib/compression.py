@@ -64,6 +64,9 @@ __all__ = [
 
 def payload_bytes(payload: list[torch.Tensor]) -> int:
     """The bytes of a payload's tensors: what ``wire_bytes`` promises."""
+    if isinstance(payload, torch.Tensor):
+        raise TypeError("payload_bytes takes a list of tensors (a compressor's payload), got one tensor: "
+                        "pass [tensor]")
     return sum(t.numel() * t.element_size() for t in payload)
 
 
@@ -91,6 +94,11 @@ def pack_bits(values: torch.Tensor, bits: int) -> torch.Tensor:
 
 def unpack_bits(packed: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
     """The first ``numel`` values that :func:`pack_bits` packed (uint8)."""
+    if not (isinstance(bits, int) and 1 <= bits <= 8):
+        raise ValueError(f"bits must be an integer from 1 to 8, got {bits!r}")
+    if not (isinstance(numel, int) and 0 <= numel <= packed.numel() * 8 // bits):
+        raise ValueError(f"numel must be an integer from 0 to {packed.numel() * 8 // bits} ({packed.numel()} bytes "
+                         f"hold at most that many {bits}-bit values), got {numel!r}")
     if 8 % bits:
         shifts = torch.arange(bits, dtype=torch.uint8, device=packed.device)
         single = unpack_bits(packed, 1, numel * bits).view(numel, bits)
@@ -728,6 +736,8 @@ def dgc_state(density: float = 0.001, momentum: float = 0.9, clip_norm: float | 
     over ``warmup_steps``, :class:`DensityWarmUp`), with :class:`DGCMemory` (momentum correction,
     local clipping, momentum-factor masking) and an all-gather. Train with the optimizer's
     momentum at 0: the momentum is in the memory."""
+    if not 0 < density <= 1:
+        raise ValueError(f"density is the fraction of entries sent: 0 < density <= 1 (e.g. 0.001), got {density}")
     return CompressionState(TopK(density), memory=DGCMemory(momentum, clip_norm, masking),
                             communicator="allgather", process_group=process_group,
                             density=DensityWarmUp(density, warmup_steps) if warmup_steps else None)

@@ -102,6 +102,7 @@ def bus_factor(op: str, world_size: int) -> float:
     """nccl-tests' factor from algorithm bandwidth to bus bandwidth."""
     if op not in BUS_FACTORS:
         raise ValueError(f"unknown collective {op!r}: use one of {sorted(BUS_FACTORS)}")
+    checks.integer("world_size", world_size, 1)
     return BUS_FACTORS[op](world_size)
 
 
@@ -121,8 +122,18 @@ def ring_all_reduce_time(nbytes: float, world_size: int, alpha_s: float, busbw_G
 def ring_crossover_bytes(world_size: int, alpha_s: float, busbw_GBps: float) -> float:
     """The size at which a ring all-reduce's two terms are equal, ``2(p-1) alpha = 2(p-1)/p * n / busbw``:
     ``n* = p alpha busbw``. Smaller messages are latency-bound, larger ones bandwidth-bound."""
+    checks.integer("world_size (a ring of one rank has no crossover)", world_size, 2)
     latency = ring_all_reduce_time(0, world_size, alpha_s, busbw_GBps)
     return latency * busbw_GBps * 1e9 / bus_factor("all_reduce", world_size)
+
+
+def _sizes_and_times(rows) -> tuple[list, list]:
+    """The ``size_bytes`` and ``time_s`` of measured rows (what ``course_lib.bandwidth`` returns)."""
+    try:
+        return [r["size_bytes"] for r in rows], [r["time_s"] for r in rows]
+    except (KeyError, TypeError):
+        raise ValueError("rows must be measurements as course_lib.bandwidth returns them: dicts with "
+                         f"'size_bytes' and 'time_s', got {list(rows)[:2]!r}") from None
 
 
 def fit_ring_all_reduce(rows: list[dict], world_size: int) -> tuple[float, float]:
@@ -133,7 +144,7 @@ def fit_ring_all_reduce(rows: list[dict], world_size: int) -> tuple[float, float
     """
     if world_size < 2:
         raise ValueError(f"a ring all-reduce needs world_size >= 2 to be fitted, got {world_size}")
-    intercept, slope = fit_alpha_beta([r["size_bytes"] for r in rows], [r["time_s"] for r in rows])
+    intercept, slope = fit_alpha_beta(*_sizes_and_times(rows))
     alpha = intercept / (2 * (world_size - 1))
     return alpha, (bus_factor("all_reduce", world_size) / slope / 1e9 if slope > 0 else float("inf"))
 
@@ -178,7 +189,7 @@ def fit_collective(rows: list[dict], op: str, world_size: int) -> tuple[float, f
     if world_size < 2:
         raise ValueError(f"an all-gather needs world_size >= 2 to be fitted, got {world_size}")
     # time = (p-1) alpha + (p-1)/p * N / busbw for a buffer of N = p n bytes
-    intercept, slope = fit_alpha_beta([r["size_bytes"] for r in rows], [r["time_s"] for r in rows])
+    intercept, slope = fit_alpha_beta(*_sizes_and_times(rows))
     busbw = bus_factor("all_gather", world_size) / slope / 1e9 if slope > 0 else float("inf")
     return intercept / (world_size - 1), busbw
 

@@ -233,9 +233,11 @@ def _bandwidth():
 BANDWIDTH = [  # refused before any collective: no process group is needed to see the message
     (lambda b: b.measure_collective("allreduce", [4096]), "op must be one of all_reduce, broadcast, reduce, "
      "all_gather, reduce_scatter, got 'allreduce'"),
-    (lambda b: b.measure_like_nccl_tests("all_reduce", [4096, 0]), "each of sizes_bytes must be an integer >= 1, got 0"),
+    (lambda b: b.measure_like_nccl_tests("all_reduce", [4096, 0]),
+     "each of sizes_bytes must be an integer >= 1, got 0"),
     (lambda b: b.measure_like_nccl_tests("all_reduce", [-8]), "each of sizes_bytes must be an integer >= 1, got -8"),
-    (lambda b: b.measure_collective("all_reduce", [1.5e6]), "each of sizes_bytes must be an integer >= 1, got 1500000.0"),
+    (lambda b: b.measure_collective("all_reduce", [1.5e6]),
+     "each of sizes_bytes must be an integer >= 1, got 1500000.0"),
     (lambda b: b.measure_collective("all_reduce", None), "sizes_bytes must be a list of positive integers"),
     (lambda b: b.measure_collective("all_reduce", [4096], iters=0), "iters must be an integer >= 1, got 0"),
     (lambda b: b.measure_like_nccl_tests("all_reduce", [4096], warmup=-1), "warmup must be an integer >= 0, got -1"),
@@ -257,3 +259,53 @@ def test_measurements_refuse_sizes_ops_and_loops_they_cannot_time(call, words):
     with pytest.raises(ValueError) as info:
         call(_bandwidth())
     assert words in str(info.value)
+
+
+def _modules():
+    from course_lib import compression, costmodel
+    from course_lib.support import digits, shapes, timing
+
+    return costmodel, compression, digits, timing, shapes
+
+
+SWEEP = [  # found by trying, as a student would: each used to divide by zero, raise a KeyError or return a value
+    (lambda cm, C, D, T, S: cm.bus_factor("all_reduce", 0), ValueError, "world_size must be an integer >= 1, got 0"),
+    (lambda cm, C, D, T, S: cm.bus_factor("all_reduce", "2"), ValueError, "world_size must be an integer >= 1"),
+    (lambda cm, C, D, T, S: cm.ring_crossover_bytes(1, 1e-5, 10), ValueError,
+     "world_size (a ring of one rank has no crossover) must be an integer >= 2, got 1"),
+    (lambda cm, C, D, T, S: cm.fit_ring_all_reduce([{"size": 1}, {"size": 2}], 2), ValueError,
+     "rows must be measurements as course_lib.bandwidth returns them: dicts with 'size_bytes' and 'time_s'"),
+    (lambda cm, C, D, T, S: cm.fit_collective([{"bytes": 1}], "all_gather", 2), ValueError, "dicts with 'size_bytes'"),
+    (lambda cm, C, D, T, S: C.payload_bytes(torch.ones(3)), TypeError, "got one tensor: pass [tensor]"),
+    (lambda cm, C, D, T, S: C.unpack_bits(C.pack_bits(torch.tensor([1, 2]), 4), 4, 10), ValueError,
+     "numel must be an integer from 0 to 2 (1 bytes hold at most that many 4-bit values), got 10"),
+    (lambda cm, C, D, T, S: C.unpack_bits(torch.zeros(1, dtype=torch.uint8), 0, 1), ValueError,
+     "bits must be an integer from 1 to 8, got 0"),
+    (lambda cm, C, D, T, S: C.dgc_state(density=0), ValueError, "density is the fraction of entries sent"),
+    (lambda cm, C, D, T, S: D.digits_tensors(test_fraction=0), ValueError, "test_fraction must be a finite number"),
+    (lambda cm, C, D, T, S: D.digits_tensors(test_fraction=1), ValueError, "leaves no training data"),
+    (lambda cm, C, D, T, S: D.digits_tensors(test_fraction=1.5), ValueError, "between 0 and 1, got 1.5"),
+    (lambda cm, C, D, T, S: D.batch_slice(-1, 10, 100), ValueError, "step must be an integer >= 0, got -1"),
+    (lambda cm, C, D, T, S: D.gradient_snapshots(2, lr=math.nan), ValueError,
+     "lr must be a finite number > 0, got nan"),
+    (lambda cm, C, D, T, S: D.gradient_snapshots(-1), ValueError, "steps must be an integer >= 0, got -1"),
+    (lambda cm, C, D, T, S: T.median_seconds(3), TypeError, "fn must be a function to call with no arguments"),
+    (lambda cm, C, D, T, S: T.median_seconds(lambda: None, warmup=-1), ValueError,
+     "warmup must be an integer >= 0, got -1"),
+    (lambda cm, C, D, T, S: S.resnet18_cifar_shapes(0), ValueError, "num_classes must be an integer >= 1, got 0"),
+]
+
+
+@pytest.mark.parametrize("call, kind, words", SWEEP, ids=[w[:40] for _, _, w in SWEEP])
+def test_what_a_sweep_of_bad_input_found(call, kind, words):
+    with pytest.raises(kind) as info:
+        call(*_modules())
+    assert words in str(info.value)
+
+
+def test_the_edges_the_sweep_checks_still_work():
+    cm, C, D, T, S = _modules()
+    assert cm.bus_factor("all_reduce", 1) == 0.0 and len(D.digits_tensors(test_fraction=0.5)[2]) == 898
+    assert D.batch_slice(0, 10, 100) == slice(0, 10) and T.median_seconds(lambda: None, warmup=0) >= 0
+    assert C.unpack_bits(C.pack_bits(torch.tensor([1, 2, 3]), 4), 4, 3).tolist() == [1, 2, 3]
+    assert len(S.resnet18_cifar_shapes(100)) == len(S.resnet18_cifar_shapes())

@@ -20,6 +20,9 @@ def digits_tensors(test_fraction: float = 0.25, seed: int = 0):
 
     The split is a fixed permutation drawn from ``seed``, the same on every machine.
     """
+    checks.number("test_fraction", test_fraction, 0, 1, low_open=True)
+    if test_fraction == 1:
+        raise ValueError("test_fraction must be below 1: a test fraction of 1 leaves no training data")
     data = load_digits()
     x = torch.tensor(data.data, dtype=torch.float32) / 16.0
     y = torch.tensor(data.target, dtype=torch.int64)
@@ -51,6 +54,7 @@ def batch_slice(step: int, batch_size: int, n: int, rank: int = 0, world_size: i
     ranks takes the next ``batch_size / world_size`` items of it, in rank order, so the ranks
     together see exactly the batch one process would.
     """
+    checks.integer("step", step, 0)
     checks.integer("world_size", world_size, 1)
     checks.integer("rank", rank, 0, world_size - 1)
     if not 1 <= batch_size <= n:
@@ -69,6 +73,8 @@ def gradient_snapshots(steps: int, hidden: int = 256, batch_size: int = 64, lr: 
     Real gradients for the low-rank notebooks: consecutive steps change slowly, and their spectra
     decay fast, unlike random matrices.
     """
+    checks.integer("steps", steps, 0)
+    checks.number("lr", lr, 0, low_open=True)
     x_train, y_train, _, _ = digits_tensors(seed=seed)
     model = mlp(hidden=hidden, seed=seed)
     opt = torch.optim.SGD(model.parameters(), lr=lr)

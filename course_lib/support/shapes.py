@@ -7,11 +7,14 @@ a 1x1 convolution with batch norm on each shortcut that changes shape, and a 512
 Convolutions have no bias; every batch norm has a weight and a bias.
 """
 
+from course_lib.support import checks
+
 __all__ = ["resnet18_cifar_shapes"]
 
 
 def resnet18_cifar_shapes(num_classes: int = 10) -> list[tuple[str, tuple[int, ...]]]:
     """``[(name, shape), ...]`` of every trainable parameter, in the model's order."""
+    checks.integer("num_classes", num_classes, 1)
     shapes = [("conv1.weight", (64, 3, 3, 3)), ("bn1.weight", (64,)), ("bn1.bias", (64,))]
     in_planes = 64
     for stage, (planes, stride) in enumerate([(64, 1), (128, 2), (256, 2), (512, 2)], start=1):

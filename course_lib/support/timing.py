@@ -7,14 +7,18 @@ core, a page fault) land on one side only. Timings across processes are in ``cou
 import statistics
 import time
 
+from course_lib.support import checks
+
 __all__ = ["median_seconds"]
 
 
 def median_seconds(fn, repeats: int = 5, warmup: int = 1) -> float:
     """Median wall-clock seconds of ``fn()`` over ``repeats`` calls, after ``warmup`` untimed calls
     (allocations, kernel selection, caches)."""
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if not callable(fn):
+        raise TypeError(f"fn must be a function to call with no arguments (e.g. lambda: model(x)), got {fn!r}")
+    checks.integer("repeats", repeats, 1)
+    checks.integer("warmup", warmup, 0)
     for _ in range(warmup):
         fn()
     times = []
