@@ -77,9 +77,11 @@ def key(momentum: float, lr: float) -> str:
 
 
 def accuracy(result) -> float:
-    """Test accuracy (%), the mean of the last five evaluations (nan when training stopped, diverged,
-    before the first evaluation)."""
-    return 100 * statistics.mean(result.test_accuracy[-5:]) if result.test_accuracy else math.nan
+    """Test accuracy (%), the mean of the last five evaluations; nan for a run that diverged (training
+    stops at the first loss that is not finite, so its last evaluations would be from before)."""
+    if result.diverged_at is not None or not result.test_accuracy:
+        return math.nan
+    return 100 * statistics.mean(result.test_accuracy[-5:])
 
 
 def diverged(result) -> bool:
