@@ -4,8 +4,8 @@ What a student learns, in the order the notebooks use it:
 
 * ``launch`` (00): start worker processes that join one process group (``spawn``, on
   ``torch.multiprocessing.start_processes``), or join the group ``torchrun`` describes;
-* ``accumulation`` (01): what ``backward``, ``step`` and ``zero_grad`` do; gradient accumulation,
-  and ``no_sync`` under DDP;
+* ``accumulation`` (01): what ``backward``, ``step`` and ``zero_grad`` do; gradient accumulation
+  (per-token losses normalised by the global token count), and ``no_sync`` under DDP;
 * ``collectives`` (02): broadcast, reduce and all-reduce built on ``send`` and ``recv``;
 * ``data_parallel`` (03): data parallelism from scratch: per-parameter, flat, overlapped and bucketed
   all-reduce of the gradients, the same gradients as torch's DDP;

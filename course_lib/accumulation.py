@@ -4,15 +4,20 @@
 scaled so the k losses sum to the large batch's loss, leave in ``.grad`` exactly the gradient of
 the large batch, while only one micro-batch's activations are alive at a time. This module holds
 the accumulation step (the naive, buggy version beside the right one), a measurement of activation
-memory, and a DDP experiment that counts all-reduces (through ``course_lib.hooks``) so that
-``no_sync`` can be seen to save k - 1 of every k.
+memory, and two DDP experiments: one that counts the all-reduces DDP issues (with the profiler,
+which sees every collective), so that ``no_sync`` can be seen to save k - 1 of every k, and one
+where micro-batches and ranks hold different numbers of tokens, so that the loss must be divided by
+the *global* token count.
 """
 
+import contextlib
+import os
+
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course_lib import hooks
 from course_lib.launch import worker_device
 from course_lib.support import checks
 from course_lib.support.digits import batch_slice, digits_tensors, mlp
@@ -24,10 +29,19 @@ __all__ = [
     "accumulate",
     "train",
     "saved_activation_bytes",
+    "optimizer_state_bytes",
+    "ddp_accumulate",
     "ddp_accumulation_worker",
+    "global_batch_size",
+    "scaled_lr",
+    "token_sequences",
+    "bigram_lm",
+    "token_losses",
+    "accumulate_tokens_naive",
+    "accumulate_tokens",
+    "ddp_token_worker",
     "graph_lines",
     "snapshot",
-    "micro_batch_loss",
 ]
 
 
@@ -123,13 +137,63 @@ def saved_activation_bytes(model: nn.Module, x: torch.Tensor) -> int:
     return sum(seen.values())
 
 
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the tensors an optimizer keeps between steps (Adam: ``exp_avg``, ``exp_avg_sq``, ``step``).
+
+    Measured from ``optimizer.state``, which is empty until the first ``step``: call it after one.
+    """
+    return sum(t.numel() * t.element_size() for state in optimizer.state.values()
+               for t in state.values() if torch.is_tensor(t))
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Send this process's stderr (file descriptor 2) to /dev/null for the block.
+
+    torch's profiler writes a line to stderr each time it starts and stops; in a worker those lines
+    would land in the notebook under the cell, with a time stamp that differs at every run.
+    """
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _all_reduces(events) -> list[int]:
+    """Payload in bytes of each all-reduce the backend ran (``gloo:all_reduce``, ``nccl:all_reduce``), in order."""
+    # The backend's own event, one per collective, not the dispatcher's ``c10d::allreduce_`` above it.
+    return [4 * sum(torch.Size(s).numel() for s in e.input_shapes)  # float32 gradients: 4 bytes each
+            for e in events if e.name.endswith(":all_reduce") and not e.name.startswith("c10d")]
+
+
+def ddp_accumulate(model: DDP, loss_fn, micro_batches, no_sync: bool = True) -> None:
+    """One step's backward passes under DDP: k equal micro-batches, each mean loss divided by k.
+
+    With ``no_sync`` the first k - 1 forward and backward passes run inside ``model.no_sync()``, so
+    their gradients only add up in this rank's ``.grad``; the last backward, outside it, all-reduces
+    the sum. (``contextlib.nullcontext()`` is a ``with`` block that does nothing.)
+    """
+    k = len(micro_batches)
+    for i, (x, y) in enumerate(micro_batches):
+        skip_sync = no_sync and i < k - 1
+        with model.no_sync() if skip_sync else contextlib.nullcontext():
+            loss = loss_fn(model(x), y) / k  # the forward inside the block too (torch's no_sync docs)
+            loss.backward()
+
+
 def ddp_accumulation_worker(rank: int, world_size: int, k: int, steps: int, global_batch: int,
                             lr: float = 0.1, seed: int = 0) -> dict:
     """Train the digits MLP under DDP with k micro-batches per step, with and without ``no_sync``.
 
-    Each rank takes its own slice of every global batch. Returns, for both runs, the final
-    parameters and the all-reduces issued, so that the caller can check both runs agree with
-    each other and with one process that trains on the whole global batch.
+    Each rank takes its own slice of every global batch. The profiler records every all-reduce the
+    process runs, whoever starts it (here DDP, from C++), with the shape of what it reduces. Returns,
+    for both runs, the all-reduces of each step (their payloads in bytes) and the final parameters,
+    so that the caller can check both runs agree with each other and with one process that trains
+    on the whole global batch.
     """
     if global_batch % (world_size * k):
         raise ValueError(f"global_batch={global_batch} must be divisible by world_size * k = {world_size * k}")
@@ -140,30 +204,144 @@ def ddp_accumulation_worker(rank: int, world_size: int, k: int, steps: int, glob
     out = {}
     for use_no_sync in (False, True):
         model = DDP(mlp(seed=seed).to(device), device_ids=[device] if device.type == "cuda" else None)
-        # DDP's own behaviour, through the course's hook, which counts every all-reduce it issues
-        model.register_comm_hook(None, hooks.allreduce_hook)
-        hooks.traffic.reset()
         opt = torch.optim.SGD(model.parameters(), lr=lr)
+        per_step = []
         for step in range(steps):
             batch = batch_slice(step, global_batch, len(x_train), rank, world_size)
             xb, yb = x_train[batch], y_train[batch]
             opt.zero_grad()
             micro = split(xb, yb, k)
-            for i, (x, y) in enumerate(micro):
-                last = i == len(micro) - 1
-                if use_no_sync and not last:
-                    # forward *and* backward inside no_sync: DDP decides whether to all-reduce when
-                    # the forward pass runs, and skips it for every backward inside this block.
-                    with model.no_sync():
-                        (loss_fn(model(x), y) / k).backward()
-                else:
-                    (loss_fn(model(x), y) / k).backward()
+            with _quiet_stderr(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                                         record_shapes=True) as prof:
+                ddp_accumulate(model, loss_fn, micro, no_sync=use_no_sync)
+            per_step.append(_all_reduces(prof.events()))
             opt.step()
         out["no_sync" if use_no_sync else "sync"] = {
-            "all_reduces": hooks.traffic.collectives,
-            "bytes": hooks.traffic.bytes,
+            "all_reduces": per_step,
             "params": [p.detach().cpu().clone() for p in model.module.parameters()],
         }
+    return out
+
+
+def global_batch_size(micro_batch: int, k: int, world_size: int) -> int:
+    """Samples behind one optimizer step: micro-batch x accumulation steps x ranks."""
+    for name, value in (("micro_batch", micro_batch), ("k", k), ("world_size", world_size)):
+        checks.integer(name, value, 1)
+    return micro_batch * k * world_size
+
+
+def scaled_lr(base_lr: float, base_batch: int, batch: int, step: int | None = None, warmup_steps: int = 0) -> float:
+    """The linear scaling rule with gradual warm-up (Goyal et al. 2017, arXiv 1706.02677).
+
+    A batch ``batch / base_batch`` times larger gets a learning rate that many times larger; during
+    the first ``warmup_steps`` steps the rate climbs linearly from ``base_lr`` to that target.
+    """
+    checks.number("base_lr", base_lr, 0, low_open=True)
+    checks.integer("base_batch", base_batch, 1)
+    checks.integer("batch", batch, 1)
+    checks.integer("warmup_steps", warmup_steps, 0)
+    if step is not None:
+        checks.integer("step", step, 0)
+    target = base_lr * batch / base_batch
+    if step is None or step >= warmup_steps:
+        return target
+    return base_lr + (target - base_lr) * step / warmup_steps
+
+
+def token_sequences(n: int, vocab: int = 16, min_len: int = 2, max_len: int = 24, seed: int = 0) -> list[torch.Tensor]:
+    """``n`` token sequences of random lengths: a stand-in for sentences, whose lengths differ.
+
+    Each is a walk ``t_{i+1} = (t_i + s) mod vocab`` with a random stride s of 1 or 2, so the next
+    token is worth predicting. A sequence of length L gives L - 1 (input, target) pairs: its tokens.
+    """
+    checks.integer("n", n, 1)
+    checks.integer("min_len", min_len, 2)
+    checks.integer("max_len", max_len, min_len)
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        length = int(torch.randint(min_len, max_len + 1, (1,), generator=g))
+        start = torch.randint(vocab, (1,), generator=g)
+        steps = torch.randint(1, 3, (length - 1,), generator=g)
+        out.append(torch.cat([start, start + steps.cumsum(0)]) % vocab)
+    return out
+
+
+def bigram_lm(vocab: int = 16, dim: int = 8, seed: int = 0, dtype=torch.float64) -> nn.Sequential:
+    """The smallest language model: embed the current token, predict the next (float64 by default,
+    so that two ways of summing the same gradient agree to ~1e-15 and any real difference shows)."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Embedding(vocab, dim), nn.Linear(dim, vocab)).to(dtype)
+
+
+def token_losses(model: nn.Module, sequences) -> torch.Tensor:
+    """Next-token cross-entropy of every token of ``sequences``, one number per token (no reduction)."""
+    inputs = torch.cat([s[:-1] for s in sequences])
+    targets = torch.cat([s[1:] for s in sequences])
+    return nn.functional.cross_entropy(model(inputs), targets, reduction="none")
+
+
+def _sync_only_last(model: nn.Module, i: int, k: int):
+    """Under DDP, ``no_sync()`` for micro-batches 0 .. k-2 (forward and backward); otherwise nothing."""
+    return model.no_sync() if isinstance(model, DDP) and i < k - 1 else contextlib.nullcontext()
+
+
+def accumulate_tokens_naive(model: nn.Module, micro_batches) -> None:
+    """Each micro-batch's *mean* loss over its tokens, divided by k: the 2024 bug.
+
+    A token in a micro-batch with few tokens weighs more than one in a micro-batch with many;
+    under DDP, averaging the ranks' gradients repeats the mistake across ranks.
+    """
+    k = len(micro_batches)
+    for i, sequences in enumerate(micro_batches):
+        with _sync_only_last(model, i, k):
+            (token_losses(model, sequences).mean() / k).backward()
+
+
+def accumulate_tokens(model: nn.Module, micro_batches, n_tokens: int, world_size: int = 1) -> None:
+    """Accumulate the gradient of the mean loss over ``n_tokens`` tokens: sum the losses, divide by the count.
+
+    ``n_tokens`` is the *global* count: every token of every micro-batch, of every rank under DDP.
+    DDP averages the ranks' gradients (it divides their sum by ``world_size``), so each rank
+    multiplies by ``world_size`` to leave the plain sum over all tokens divided by ``n_tokens``.
+    """
+    checks.integer("n_tokens", n_tokens, 1)
+    k = len(micro_batches)
+    for i, sequences in enumerate(micro_batches):
+        with _sync_only_last(model, i, k):
+            (token_losses(model, sequences).sum() * world_size / n_tokens).backward()
+
+
+def ddp_token_worker(rank: int, world_size: int, n_sequences: int, k: int, seed: int = 0) -> dict:
+    """One accumulation step under DDP on sequences of unequal lengths, three ways.
+
+    The ``n_sequences`` sequences are cut into ``world_size`` consecutive shares, and each share into
+    k consecutive micro-batches, so micro-batches and ranks hold different numbers of tokens.
+    ``"naive"`` divides each micro-batch's mean by k; ``"rank count"`` divides the summed losses by
+    the rank's own token count (right on one process, wrong across ranks); ``"global count"`` divides
+    by the count of all ranks, all-reduced first (one more all-reduce per step, of one number).
+    Returns the gradients each way left (the same on every rank: DDP averaged them) and this rank's
+    tokens per micro-batch.
+    """
+    if n_sequences % (world_size * k):
+        raise ValueError(f"n_sequences={n_sequences} must be divisible by world_size * k = {world_size * k}")
+    device = worker_device()  # cuda:LOCAL_RANK under NCCL, else the CPU
+    per_rank, per_micro = n_sequences // world_size, n_sequences // (world_size * k)
+    share = [s.to(device) for s in token_sequences(n_sequences, seed=seed)[rank * per_rank:(rank + 1) * per_rank]]
+    micro = [share[i * per_micro:(i + 1) * per_micro] for i in range(k)]
+    tokens = [sum(len(s) - 1 for s in m) for m in micro]
+    n_tokens = torch.tensor([sum(tokens)], device=device)
+    dist.all_reduce(n_tokens)  # the global count: every token of every rank
+    out = {"tokens": tokens, "global_tokens": int(n_tokens)}
+    for way in ("naive", "rank count", "global count"):
+        model = DDP(bigram_lm(seed=seed).to(device), device_ids=[device] if device.type == "cuda" else None)
+        if way == "naive":
+            accumulate_tokens_naive(model, micro)
+        elif way == "rank count":
+            accumulate_tokens(model, micro, sum(tokens))
+        else:
+            accumulate_tokens(model, micro, int(n_tokens), world_size)
+        out[way] = [p.grad.detach().cpu().clone() for p in model.module.parameters()]
     return out
 
 
@@ -195,9 +373,3 @@ def snapshot(layer: nn.Linear) -> dict:
 
     return {"w": values(layer.weight), "w.grad": values(layer.weight.grad),
             "b": values(layer.bias), "b.grad": values(layer.bias.grad)}
-
-
-def micro_batch_loss(logits: torch.Tensor, y: torch.Tensor, n_total: int) -> torch.Tensor:
-    """One micro-batch's share of the large batch's mean cross-entropy (the reference answer)."""
-    checks.integer("n_total (the large batch's size)", n_total, len(y))
-    return nn.functional.cross_entropy(logits, y, reduction="sum") / n_total

@@ -341,8 +341,8 @@ def step_times(rank: int, world_size: int, kinds: tuple = ("naive", "flat", "ove
     steps); for the course's wrappers, per timed step, ``backward_s`` (from the start of backward to
     the last gradient), ``exposed_s`` (:func:`exposed_communication`),
     ``comm_s`` (:func:`communication_time`) and ``step_events`` (the timeline), with ``events`` and
-    ``step_start_s`` of the last step; the collectives and bytes of one step, and the parameters
-    after the last step (``params``, flat).
+    ``step_start_s`` of the last step; the collectives of one step and their payload bytes
+    (``traffic``), and the parameters after the last step (``params``, flat).
     """
     torch.set_num_threads(threads)
     x, y, _, _ = digits_tensors(seed=0)

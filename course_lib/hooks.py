@@ -1,13 +1,17 @@
 """DDP communication hooks, from scratch: what DDP does with a gradient bucket, and cheaper variants.
 
-DDP groups gradients into *buckets* (about 25 MB each by default) and, as soon as every gradient
-of a bucket is ready during ``backward``, calls the registered hook with it:
-``hook(state, bucket) -> Future[Tensor]``. The hook must start the communication and return a
-future whose value is the bucket's averaged gradient; DDP waits for it before ``optimizer.step``.
+DDP groups gradients into *buckets* (25 MiB each by default; its first synchronizing backward uses
+one bucket of every gradient, then DDP rebuilds them in the order the gradients arrived) and, as
+soon as every gradient of a bucket is ready during ``backward``, calls the registered hook with it:
+``hook(state, bucket) -> Future[Tensor]``, ``bucket`` being a ``dist.GradBucket`` (``buffer()``:
+its gradients, flat; ``index()``; ``parameters()``). The hook must start the communication and
+return a future whose value is the bucket's averaged gradient; DDP waits for it before
+``backward()`` returns.
 
 These hooks have the names, signatures and behaviour of torch's ``ddp_comm_hooks.default_hooks``
-and ``debugging_hooks``, and run on gloo as well as NCCL (torch's own bf16 hook does not accept
-gloo). Each counts what it sends in :data:`traffic`, so that notebooks can compare hooks exactly.
+and ``debugging_hooks``, and run on gloo as well as NCCL (DDP refuses torch's own bf16 hook on a
+torch build without CUDA and NCCL >= 2.10, whatever the backend). Each counts the payload it
+all-reduces in :data:`traffic`, so that notebooks can compare hooks exactly.
 
 Every hook issues its collectives directly inside the hook call, never from a future's callback:
 DDP calls hooks bucket by bucket in the same order on every rank, so the collectives are then
@@ -179,7 +183,7 @@ def bf16_compress_hook(process_group: dist.ProcessGroup,
 
 
 # DDP refuses any hook whose __name__ is "bf16_compress_hook" or "bf16_compress_wrapper_hook"
-# unless CUDA and NCCL >= 2.10 are present: it checks the function's *name*, not what it does, and
+# unless torch was built with CUDA and NCCL >= 2.10: it checks the function's *name*, not what it does, and
 # gloo all-reduces bfloat16 perfectly well. So ours keeps torch's name to import, not to be looked at.
 bf16_compress_hook.__name__ = "course_lib_bf16_compress_hook"
 

@@ -126,8 +126,8 @@ def _check_picklable_by_reference(fn) -> None:
         # (A script run with `python script.py` is fine: spawn re-imports it from its file,
         # provided its top-level code sits under `if __name__ == "__main__":`.)
         raise ValueError(
-            f"spawn cannot send {qualname or fn!r}: it is defined in __main__ (a notebook cell or "
-            f"a script run directly), which a spawned process cannot import. {where}"
+            f"spawn cannot send {qualname or fn!r}: it is defined in __main__ (a notebook cell, the "
+            f"interactive interpreter or `python -c`), which a spawned process cannot import. {where}"
         )
 
 
@@ -176,8 +176,9 @@ def _worker(rank, fn, world_size, port, backend, timeout_s, args, results):
     )
     try:
         if backend != "nccl" and "OMP_NUM_THREADS" not in os.environ:
-            # As torchrun does: p processes that each use every core fight over them. On 2 cores,
-            # 2 processes with 2 compute threads each made a Python ring all-reduce 2x slower.
+            # cores // p threads each (torchrun goes further and sets 1): p processes that each use every
+            # core fight over them. On 2 cores, 2 processes with 2 compute threads each made a Python
+            # ring all-reduce 2x slower.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
         # The workers' own collective timeout is longer than spawn's, so that a hang is reported
         # by the parent (naming every stuck rank) rather than by whichever rank times out first.
@@ -332,8 +333,8 @@ def spawn(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 
     function to the new interpreter by module and name, so a function defined in a notebook cell
     or a lambda cannot be sent. Those get a ``ValueError`` saying where to put it.
 
-    CPU workers get ``cores // world_size`` compute threads each (as ``torchrun`` sets
-    ``OMP_NUM_THREADS``), unless ``OMP_NUM_THREADS`` is set.
+    CPU workers get ``os.cpu_count() // world_size`` compute threads each (at least 1;
+    ``torchrun``, by contrast, sets ``OMP_NUM_THREADS=1``), unless ``OMP_NUM_THREADS`` is set.
 
     ``backend="auto"`` picks NCCL when ``torch.cuda.device_count() >= world_size`` and gloo
     otherwise (see :func:`pick_backend`); NCCL workers compute on ``cuda:rank``.

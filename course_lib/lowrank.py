@@ -32,6 +32,7 @@ __all__ = [
     "svd_error",
     "compression_ratio",
     "track_errors",
+    "track_error_feedback",
     "time_methods",
 ]
 
@@ -183,6 +184,27 @@ def track_errors(matrices, rank: int, warm_start: bool = True, iters: int = 1, s
         errors.append(relative_error(M, P, Q))
         q = Q
     return errors
+
+
+def track_error_feedback(matrices, rank: int, warm_start: bool = True, iters: int = 1,
+                         seed: int = 0) -> tuple[list[float], list[float]]:
+    """Power iteration on what PowerSGD compresses: each matrix plus the error the last step left.
+
+    Step t approximates ``C_t = M_t + e_t`` (``e_0 = 0``) and keeps ``e_{t+1} = C_t - P Q^T``:
+    PowerSGD's error feedback, on one process. Returns ``(errors, optima)``: the relative error of
+    each approximation of ``C_t``, and the SVD optimum for that ``C_t`` at ``rank``. The ``C_t``
+    depend on the approximations before them, so warm and cold runs compress matrices of their own,
+    and each is measured against its own optima.
+    """
+    g = torch.Generator().manual_seed(seed)
+    errors, optima, q, e = [], [], None, None
+    for M in matrices:
+        C = M if e is None else M + e
+        P, Q = power_iteration(C, rank, iters, q=q if warm_start else None, generator=g)
+        errors.append(relative_error(C, P, Q))
+        optima.append(svd_error(C, rank))
+        e, q = C - P @ Q.mT, Q
+    return errors, optima
 
 
 def time_methods(shapes, rank: int = 2, repeats: int = 5, seed: int = 0, progress: bool = False) -> list[dict]:

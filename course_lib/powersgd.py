@@ -21,9 +21,13 @@ The numerics (``orthogonalize_`` and the power step's two products, ``power_step
 Two differences from torch's hook, both on purpose:
 
 1. **Every collective is issued inside the hook call, in bucket order.** torch's hook issues the P
-   and Q all-reduces from future callbacks, which run whenever the previous collective of *that*
-   bucket completes. With several buckets, one rank can then issue bucket 1's P all-reduce while
-   another issues bucket 0's Q all-reduce: the collectives pair up wrongly (on gloo: a "collective
+   and Q all-reduces from future callbacks, which run when the previous collective of *that*
+   bucket's future completes. On NCCL that future is marked complete as soon as the collective is
+   enqueued on the GPU's stream, so the callbacks run at once, on the thread that called the hook,
+   in bucket order. On gloo it completes when the collective has finished, on a gloo thread, so
+   the callbacks of different buckets run in the order their collectives finish, which can differ
+   from rank to rank: with several buckets, one rank can then issue bucket 1's P all-reduce while
+   another issues bucket 0's Q all-reduce, and the collectives pair up wrongly (a "collective
    mismatch" abort, a hang, or a closed connection). Here the hook waits for its own all-reduces,
    so collectives follow DDP's bucket order, which is the same on every rank. The price is that
    communication does not overlap the rest of the backward pass. ``ordered_powerSGD_hook`` gets
@@ -35,6 +39,11 @@ Two differences from torch's hook, both on purpose:
    its error and Q memory by bucket index, so after a checkpoint resume they land on the wrong
    parameters. Here each parameter gets a key (its position in the first bucket layout this state
    sees, which is parameter order for any new DDP model), and error and Q are kept per key.
+
+torch's ``batched_powerSGD_hook`` fails for another reason, on any backend and with one bucket on
+one process: it passes its 2-D Q (side x rank) to ``_orthogonalize``, which requires a 3-D batch of
+matrices and raises ``AssertionError`` at the first compressed step (checked in torch 2.13). The
+course's ``batched_powerSGD_hook`` orthogonalizes the 2-D matrix.
 """
 
 import logging
@@ -87,14 +96,16 @@ def should_compress(num_rows: int, num_cols: int, matrix_approximation_rank: int
 
 def numbers_per_step(shapes, matrix_approximation_rank: int, min_compression_rate: float = 2) -> tuple[int, int]:
     """``(before, after)``: the numbers one rank sends per compressed step for parameters of these
-    shapes, uncompressed and as the hook sends them (each tensor viewed as rows x everything else;
-    matrices :func:`should_compress` turns down, and vectors, go as they are)."""
+    shapes, uncompressed and as the hooks send them. Each tensor is viewed as a matrix, rows x
+    everything else, as both hooks view it: a vector of n is an n x 1 matrix, which
+    :func:`should_compress` accepts when ``min_compression_rate`` is below n / (n + 1) (then it
+    goes as P and Q, n + 1 numbers); matrices it turns down, scalars and empty tensors go as they are."""
     checks.integer("matrix_approximation_rank", matrix_approximation_rank, 1)
     before = after = 0
     for shape in shapes:
         numel = math.prod(shape)
         before += numel
-        if len(shape) < 2:
+        if len(shape) == 0 or numel == 0:  # nothing to factor: sent as it is (group_matrices)
             after += numel
             continue
         n, m = shape[0], numel // shape[0]
@@ -456,8 +467,9 @@ def compress_on_one_process(state: PowerSGDState, grads: list[torch.Tensor]) -> 
 
 
 def powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Layer-wise PowerSGD: each weight matrix worth compressing is sent as P and Q, the rest
-    (biases, small layers) as is, in two all-reduces per bucket: [P..., uncompressed] then [Q...]."""
+    """Layer-wise PowerSGD: each gradient worth compressing (viewed as rows x everything else) is
+    sent as P and Q, the rest (at the default ``min_compression_rate``, biases and small layers) as
+    is, in two all-reduces per bucket: [P..., uncompressed] then [Q...]."""
     process_group = state.process_group if state.process_group is not None else dist.group.WORLD
     buffer = bucket.buffer()
     keys = state.keys_for(bucket.parameters())

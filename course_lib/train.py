@@ -148,6 +148,10 @@ class TrainResult:
     by_op: list[dict] = field(default_factory=list)  # the same so far, op by op: {op: (collectives, bytes)}
     step_time_s: list[float] = field(default_factory=list)  # forward, backward, communication, update
     error_norm: list[float] = field(default_factory=list)  # PowerSGD's error-feedback memory, when kept
+    # the mean over the hook's ranks of that memory, e-bar: what is still owed to the averaged update
+    mean_error_norm: list[float] = field(default_factory=list)
+    # this rank's memory minus the mean, e - e-bar: a running sum of (its gradient - the average), never sent
+    error_minus_mean_norm: list[float] = field(default_factory=list)
     grad_norm: list[float] = field(default_factory=list)  # the gradient the hook delivered (after the all-reduce)
     params: list[torch.Tensor] = field(default_factory=list)  # flat parameters, with record_params
     test_step: list[int] = field(default_factory=list)  # the steps after which the test set was scored
@@ -328,6 +332,17 @@ def _ddp_train(rank: int, world_size: int, config: TrainConfig, out: TrainResult
         errors = getattr(state, "error_dict", None)
         if errors is not None:  # the error-feedback memory (ours per parameter, torch's per bucket)
             out.error_norm.append(sum(e.double().square().sum().item() for e in errors.values()) ** 0.5)
+            # its mean over the hook's ranks (same keys on every rank: one all-reduce, not hook traffic)
+            mine = torch.cat([errors[k].double().flatten() for k in sorted(errors)]) if errors else None
+            if mine is None or mine.numel() == 0:
+                out.mean_error_norm.append(0.0)
+                out.error_minus_mean_norm.append(0.0)
+            else:
+                mean = mine.clone()
+                dist.all_reduce(mean, group=process_group)
+                mean /= dist.get_world_size(process_group)
+                out.mean_error_norm.append(mean.norm().item())
+                out.error_minus_mean_norm.append((mine - mean).norm().item())
         if c.record_params:
             out.params.append(torch.cat([p.detach().flatten() for p in model.module.parameters()]).cpu())
         report_progress()
@@ -375,10 +390,11 @@ def _ddp_train_quietly(rank: int, world_size: int, config, stderr_dir: str):
 def try_training(config: TrainConfig | list[TrainConfig], world_size: int = 2, timeout_s: float = 10.0) -> Outcome:
     """Train ``config`` on ``world_size`` gloo processes and say how it ended, instead of raising.
 
-    For hooks that may crash or hang (torch's PowerSGD hooks with several buckets): a hang is cut
-    off after ``timeout_s`` seconds and reported as ``"hung"``; what a crashed worker wrote to its
-    stderr before dying ends up in ``detail``. A list of configs is trained one after another in
-    the same processes (``"finished"`` when all did; else how the first failure ended).
+    For hooks that may crash, hang or raise (torch's layer-wise PowerSGD hook with several buckets on
+    gloo; its batched hook, which raises anywhere): a hang is cut off after ``timeout_s`` seconds and
+    reported as ``"hung"``; what a crashed worker wrote to its stderr before dying ends up in
+    ``detail``. A list of configs is trained one after another in the same processes
+    (``"finished"`` when all did; else how the first failure ended).
     """
     start = time.monotonic()
     with tempfile.TemporaryDirectory() as stderr_dir:

@@ -4,20 +4,6 @@ import torch
 import torch.distributed as dist
 
 
-def reduce_scatter(tensor):
-    rank, p = dist.get_rank(), dist.get_world_size()
-    chunks = [c.clone() for c in tensor.tensor_split(p)]
-    right, left = (rank + 1) % p, (rank - 1) % p
-    for step in range(p - 1):
-        send_i, recv_i = (rank - step - 1) % p, (rank - step - 2) % p
-        received = torch.empty_like(chunks[recv_i])
-        reqs = [dist.isend(chunks[send_i], dst=right), dist.irecv(received, src=left)]
-        for r in reqs:
-            r.wait()
-        chunks[recv_i] += received
-    return chunks[rank]
-
-
 def ring_shift(tensor):
     rank, p = dist.get_rank(), dist.get_world_size()
     received = torch.empty_like(tensor)
@@ -29,10 +15,8 @@ def ring_shift(tensor):
     return received
 
 
-def halving_doubling_all_reduce(tensor):
-    # Recursive doubling, the simplest form: in round k swap the whole tensor with the rank that
-    # differs in bit k and add. log2(p) rounds. (Rabenseifner's halving-doubling sends halves
-    # instead; the sums are the same.)
+def recursive_doubling_all_reduce(tensor):
+    # in round k swap the whole tensor with the rank that differs in bit k and add: log2(p) rounds
     rank, p = dist.get_rank(), dist.get_world_size()
     out = tensor.clone()
     distance = 1
@@ -45,3 +29,25 @@ def halving_doubling_all_reduce(tensor):
         out += received  # a + b == b + a exactly, so both partners hold the same sum
         distance *= 2
     return out
+
+
+def recursive_halving_reduce_scatter(tensor):
+    # chunks lo..hi-1 are this rank's to reduce; each round the partner (the rank that differs in the
+    # round's bit) gets the half it keeps and sends us the half we keep, which we add
+    rank, p = dist.get_rank(), dist.get_world_size()
+    chunks = [c.clone() for c in tensor.tensor_split(p)]
+    lo, hi = 0, p
+    distance = p // 2
+    while distance >= 1:
+        peer, mid = rank ^ distance, lo + distance
+        keep, give = (range(mid, hi), range(lo, mid)) if rank & distance else (range(lo, mid), range(mid, hi))
+        outgoing = torch.cat([chunks[i] for i in give])
+        incoming = torch.empty(sum(chunks[i].numel() for i in keep), dtype=tensor.dtype)
+        reqs = [dist.isend(outgoing, dst=peer), dist.irecv(incoming, src=peer)]
+        for r in reqs:
+            r.wait()
+        for i, part in zip(keep, incoming.split([chunks[i].numel() for i in keep])):
+            chunks[i] += part
+        lo, hi = keep.start, keep.stop
+        distance //= 2
+    return chunks[rank]

@@ -2,25 +2,43 @@
 
 import math
 
-
-def my_should_compress(n, m, r, min_compression_rate):
-    return (n + m) * r * min_compression_rate < n * m
+import torch
 
 
-def my_error_feedback_step(grad, error, compress):
-    corrected = grad + error
-    sent = compress(corrected)
-    return sent, corrected - sent
+def my_mean_and_own_buffer(grads, compress):
+    errors = [torch.zeros_like(g) for g in grads[0]]
+    for step in grads:
+        # each worker puts in its gradient plus its buffer; the all-reduces give every worker the
+        # compression of the average of what was put in; each keeps what it put in minus that
+        put_in = [g + e for g, e in zip(step, errors)]
+        update = compress(sum(put_in) / len(put_in))
+        errors = [p - update for p in put_in]
+    return sum(errors) / len(errors), errors[0]
 
 
 def my_numbers_per_step(shapes, r, min_compression_rate):
     total = 0
     for shape in shapes:
-        if len(shape) == 1:  # a bias: sent as it is
-            total += shape[0]
+        numel = math.prod(shape)
+        if len(shape) == 0 or numel == 0:  # nothing to factor
+            total += numel
             continue
-        n, m = shape[0], math.prod(shape[1:])  # a matrix: rows x everything else
+        n, m = shape[0], numel // shape[0]  # rows x everything else; a vector is n x 1
         rank = min(n, m, r)
         compressed = (n + m) * rank
-        total += compressed if compressed * min_compression_rate < n * m else n * m
+        total += compressed if compressed * min_compression_rate < n * m else numel
+    return total
+
+
+def my_memory_per_rank(shapes, r, min_compression_rate, use_error_feedback, warm_start):
+    total = 0
+    for shape in shapes:
+        numel = math.prod(shape)
+        if use_error_feedback:  # an error for every parameter: the averaged ones differ from this rank's too
+            total += numel
+        if warm_start and len(shape) > 0 and numel > 0:
+            n, m = shape[0], numel // shape[0]
+            rank = min(n, m, r)
+            if (n + m) * rank * min_compression_rate < n * m:  # compressed: its Q (m x rank) is kept
+                total += m * rank
     return total

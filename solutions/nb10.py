@@ -1,6 +1,7 @@
 """Notebook 10: when does compression pay?"""
 
 import math
+import statistics
 
 
 def my_break_even_bandwidth(hook, reference, world_size, alpha_s):
@@ -15,5 +16,9 @@ def my_break_even_bandwidth(hook, reference, world_size, alpha_s):
     return factor * extra_bytes / fixed / 1e9
 
 
-def my_all_gather_busbw(size_bytes, time_s, world_size):
-    return size_bytes / time_s / 1e9 * (world_size - 1) / world_size
+def my_ring_fit(sizes_bytes, times_s, world_size):
+    # a ring all-reduce takes 2(p-1) alpha + 2(p-1)/p * n / busbw: a straight line in n whose intercept
+    # is 2(p-1) alpha and whose slope is 1/algbw = 2(p-1)/p / busbw (busbw = algbw x 2(p-1)/p)
+    slope, intercept = statistics.linear_regression(sizes_bytes, times_s)
+    factor = 2 * (world_size - 1) / world_size
+    return intercept / (2 * (world_size - 1)), factor / slope / 1e9

@@ -135,3 +135,25 @@ def rank0_only_hook(process_group, bucket):
     """Broadcasts rank 0's gradient instead of averaging: every rank agrees, on the wrong gradient."""
     work = dist.broadcast(bucket.buffer(), src=0, group=process_group, async_op=True)
     return work.get_future().then(lambda fut: fut.value()[0])
+
+
+def ddp_payloads(rank, world_size, runs, hidden=512, depth=4):
+    """Worker: for each ``(bucket_cap_mb, steps, k, no_sync)`` of ``runs``, a new DDP model (``None``:
+    no cap given) trained ``steps`` steps of ``k`` micro-batches; the bytes of every bucket DDP
+    handed its hook, in order (what notebook 03's exercise 1 must predict)."""
+    import contextlib
+
+    from course_lib.support.digits import digits_tensors, mlp
+
+    x, y, _, _ = digits_tensors(seed=0)
+    out = []
+    for cap, steps, k, no_sync in runs:
+        model = DDP(mlp(hidden=hidden, depth=depth, seed=0), **({} if cap is None else {"bucket_cap_mb": cap}))
+        log = hooks.BucketLog()
+        model.register_comm_hook(log, hooks.logging_allreduce_hook)
+        for _ in range(steps):
+            for micro in range(k):
+                with model.no_sync() if no_sync and micro < k - 1 else contextlib.nullcontext():
+                    nn.functional.cross_entropy(model(x[:16]), y[:16]).backward()
+        out.append([call["numel"] * 4 for call in log.calls])
+    return out

@@ -105,3 +105,75 @@ def hook_against_error_feedback_step(rank, world_size):
     new_error = corrected - sent
     return {"hook_sent": model.module.weight.grad.clone(), "hook_error": state.error_dict[0].view(12, 16).clone(),
             "sent": sent, "error": new_error}
+
+
+def compressed_step_counts(rank, world_size, settings):
+    """For each ``(hook module, r, min_compression_rate, use_error_feedback, warm_start)``: a small
+    conv net (a 4-d weight, a matrix, two vectors) in one bucket, two all-reduced steps, then one
+    compressed step. What the step sent (``hooks.traffic``, the course's hook only), the state's
+    compression statistics, and the numbers its memory keeps afterwards."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_psgd
+
+    out = []
+    for which, r, rate, error_feedback, warm_start in settings:
+        module = powersgd if which == "course" else torch_psgd
+        torch.manual_seed(0)
+        model = DDP(nn.Sequential(nn.Conv2d(3, 6, 3), nn.Flatten(), nn.Linear(96, 10)))
+        state = module.PowerSGDState(None, matrix_approximation_rank=r, start_powerSGD_iter=2,
+                                     min_compression_rate=rate, use_error_feedback=error_feedback,
+                                     warm_start=warm_start)
+        model.register_comm_hook(state, module.powerSGD_hook)
+        x = torch.randn(4, 3, 6, 6, generator=torch.Generator().manual_seed(rank))
+        for _ in range(3):
+            hooks.traffic.reset()
+            model.zero_grad()
+            model(x).square().sum().backward()
+        memory = sum(t.numel() for d in (state.error_dict, state.q_memory_dict) for t in d.values())
+        p_memory = sum(t.numel() for t in getattr(state, "p_memory_dict", {}).values())  # torch's P buffers
+        out.append({"shapes": [tuple(p.shape) for p in model.parameters()], "sent": hooks.traffic.snapshot(),
+                    "stats": tuple(state.compression_stats()[1:]), "memory": memory, "p_memory": p_memory})
+    return out
+
+
+def mean_error_recorded(rank, world_size):
+    """A short PowerSGD run of ``ddp_train``, with the hook's state caught on the way out: the
+    recorded error norms, and this rank's final error buffers, to average in the test."""
+    import course_lib.train as T
+
+    caught = {}
+    make_hook = T.make_hook
+
+    def catching(config, process_group=None):
+        state, hook = make_hook(config, process_group)
+        caught["state"] = state
+        return state, hook
+
+    T.make_hook = catching
+    try:
+        cfg = TrainConfig(hook="powersgd", steps=10, start_powerSGD_iter=3, matrix_approximation_rank=1, hidden=32,
+                          lr=0.1, seed=1)
+        out = ddp_train(rank, world_size, cfg)
+    finally:
+        T.make_hook = make_hook
+    errors = caught["state"].error_dict
+    return {"result": out, "errors": {k: errors[k].clone() for k in errors}}
+
+
+def error_identity(rank, world_size, steps=6):
+    """The course's hook on one weight matrix, each rank its own data, the weights fixed: after each
+    step, this rank's gradient before the hook (computed on a copy) and its error buffer."""
+    torch.manual_seed(0)
+    model = DDP(nn.Linear(16, 12, bias=False))
+    state = powersgd.PowerSGDState(matrix_approximation_rank=1, start_powerSGD_iter=2, min_compression_rate=0)
+    model.register_comm_hook(state, powersgd.powerSGD_hook)
+    g = torch.Generator().manual_seed(rank)
+    grads, errors = [], []
+    for _ in range(steps):
+        x = torch.randn(8, 16, generator=g)
+        local = copy.deepcopy(model.module)
+        local(x).square().sum().backward()
+        grads.append(local.weight.grad.clone())
+        model.zero_grad()
+        model(x).square().sum().backward()
+        errors.append(state.error_dict[0].view(12, 16).clone() if 0 in state.error_dict else torch.zeros(12, 16))
+    return {"grads": grads, "errors": errors}

@@ -1,12 +1,15 @@
-"""Answers a student might give to the distributed exercises (notebooks 00 and 02): wrong ones, each
+"""Answers a student might give to the distributed exercises (notebooks 00, 01 and 02): wrong ones, each
 wrong in one way the exercise is about, and a few right ones in other styles than solutions/.
 spawn sends functions by name, so they live in a module."""
+
+import contextlib
 
 import torch
 import torch.distributed as dist
 from torch.distributed import all_reduce  # imported by name: bypasses `dist.all_reduce`
 
 from course_lib import collectives as C
+from course_lib.accumulation import token_losses
 
 
 def todo(*args):
@@ -44,6 +47,51 @@ def elementwise_sum(one, vector):
     out = vector.clone()
     dist.all_reduce(out)  # the default op is a sum, not the maximum
     return out
+
+
+# --- notebook 01: one DDP accumulation step on unequal token counts --------------------------------
+
+
+def _token_count(micro_batches):
+    return sum(len(s) - 1 for m in micro_batches for s in m)
+
+
+def ddp_token_step_by_rank_count(model, micro_batches):
+    n_tokens = _token_count(micro_batches)  # this rank's own count: right on one process only
+    k = len(micro_batches)
+    for i, sequences in enumerate(micro_batches):
+        with model.no_sync() if i < k - 1 else contextlib.nullcontext():
+            (token_losses(model, sequences).sum() / n_tokens).backward()
+
+
+def ddp_token_step_without_world_size(model, micro_batches):
+    n_tokens = torch.tensor([_token_count(micro_batches)])
+    dist.all_reduce(n_tokens)
+    k = len(micro_batches)
+    for i, sequences in enumerate(micro_batches):
+        with model.no_sync() if i < k - 1 else contextlib.nullcontext():
+            (token_losses(model, sequences).sum() / n_tokens.item()).backward()  # DDP's average forgotten
+
+
+def ddp_token_step_without_no_sync(model, micro_batches):
+    n_tokens = torch.tensor([_token_count(micro_batches)])
+    dist.all_reduce(n_tokens)
+    for sequences in micro_batches:  # the right gradient, all-reduced after every micro-batch
+        (token_losses(model, sequences).sum() * dist.get_world_size() / n_tokens.item()).backward()
+
+
+def ddp_token_step_in_one_backward(model, micro_batches):
+    n_tokens = torch.tensor([_token_count(micro_batches)])
+    dist.all_reduce(n_tokens)
+    everything = [s for m in micro_batches for s in m]  # the whole share at once: no accumulation
+    (token_losses(model, everything).sum() * dist.get_world_size() / n_tokens.item()).backward()
+
+
+def ddp_token_step_naive(model, micro_batches):
+    k = len(micro_batches)
+    for i, sequences in enumerate(micro_batches):
+        with model.no_sync() if i < k - 1 else contextlib.nullcontext():
+            (token_losses(model, sequences).mean() / k).backward()  # the 2024 bug
 
 
 # --- notebook 02: collectives from send and recv ------------------------------------------------------
@@ -84,6 +132,75 @@ def reduce_scatter_ring_owner(tensor):
     return chunks[(rank + 1) % p]
 
 
+def reduce_scatter_by_ring(tensor):
+    # right numbers from send/recv, but a ring: p - 1 messages (3 on 4 ranks), not log2 p
+    rank, p = dist.get_rank(), dist.get_world_size()
+    chunks = [c.clone() for c in tensor.tensor_split(p)]
+    for step in range(p - 1):
+        send_i, recv_i = (rank - step - 1) % p, (rank - step - 2) % p
+        received = torch.empty_like(chunks[recv_i])
+        reqs = [dist.isend(chunks[send_i], dst=(rank + 1) % p), dist.irecv(received, src=(rank - 1) % p)]
+        for r in reqs:
+            r.wait()
+        chunks[recv_i] += received
+    return chunks[rank]
+
+
+def reduce_scatter_by_recursive_doubling(tensor):
+    # right numbers in log2 p messages, but each one the whole tensor: an all-reduce, then a chunk
+    rank, p = dist.get_rank(), dist.get_world_size()
+    out, distance = tensor.clone(), 1
+    while distance < p:
+        received = torch.empty_like(out)
+        reqs = [dist.isend(out, dst=rank ^ distance), dist.irecv(received, src=rank ^ distance)]
+        for r in reqs:
+            r.wait()
+        out += received
+        distance *= 2
+    return out.tensor_split(p)[rank].clone()
+
+
+def recursive_halving_keeping_the_partners_half(tensor):
+    # halving with the halves swapped: each rank keeps (and ends with) the chunks its partner needs
+    rank, p = dist.get_rank(), dist.get_world_size()
+    chunks = [c.clone() for c in tensor.tensor_split(p)]
+    lo, hi, distance = 0, p, p // 2
+    while distance >= 1:
+        peer, mid = rank ^ distance, lo + distance
+        keep, give = (range(lo, mid), range(mid, hi)) if rank & distance else (range(mid, hi), range(lo, mid))
+        outgoing = torch.cat([chunks[i] for i in give])
+        incoming = torch.empty(sum(chunks[i].numel() for i in keep), dtype=tensor.dtype)
+        reqs = [dist.isend(outgoing, dst=peer), dist.irecv(incoming, src=peer)]
+        for r in reqs:
+            r.wait()
+        for i, part in zip(keep, incoming.split([chunks[i].numel() for i in keep])):
+            chunks[i] += part
+        lo, hi, distance = keep.start, keep.stop, distance // 2
+    return chunks[lo]
+
+
+def recursive_halving_with_padded_chunks(tensor):
+    # right numbers in log2 p messages, but every chunk padded to the longest so that all messages
+    # have one length: the padding is sent too, more than every chunk but one's own
+    rank, p = dist.get_rank(), dist.get_world_size()
+    parts = tensor.tensor_split(p)
+    width = max(c.numel() for c in parts)
+    chunks = [torch.cat([c, c.new_zeros(width - c.numel())]) for c in parts]
+    lo, hi, distance = 0, p, p // 2
+    while distance >= 1:
+        peer, mid = rank ^ distance, lo + distance
+        keep, give = (range(mid, hi), range(lo, mid)) if rank & distance else (range(lo, mid), range(mid, hi))
+        outgoing = torch.cat([chunks[i] for i in give])
+        incoming = torch.empty(len(keep) * width, dtype=tensor.dtype)
+        reqs = [dist.isend(outgoing, dst=peer), dist.irecv(incoming, src=peer)]
+        for r in reqs:
+            r.wait()
+        for i, part in zip(keep, incoming.split(width)):
+            chunks[i] += part
+        lo, hi, distance = keep.start, keep.stop, distance // 2
+    return chunks[rank][: parts[rank].numel()].clone()
+
+
 def ring_shift_by_all_gather(tensor):
     rank, p = dist.get_rank(), dist.get_world_size()
     everyone = [torch.empty_like(tensor) for _ in range(p)]
@@ -100,13 +217,13 @@ def ring_shift_the_wrong_way(tensor):
     return received
 
 
-def halving_doubling_by_all_reduce(tensor):
+def recursive_doubling_by_all_reduce(tensor):
     out = tensor.clone()
     dist.all_reduce(out)
     return out
 
 
-def halving_doubling_by_ring(tensor):
+def recursive_doubling_by_ring(tensor):
     # a right all-reduce from send/recv, but a ring (2(p - 1) messages), not recursive doubling
     return C.ring_all_reduce(tensor.clone())
 
@@ -121,7 +238,7 @@ def ring_shift_by_batch_isend_irecv(tensor):
     return received
 
 
-def halving_doubling_by_blocking_send_recv(tensor):
+def recursive_doubling_by_blocking_send_recv(tensor):
     # right: in each round the lower rank of a pair sends first, the higher receives first
     rank, p = dist.get_rank(), dist.get_world_size()
     out, distance = tensor.clone(), 1
@@ -136,3 +253,91 @@ def halving_doubling_by_blocking_send_recv(tensor):
         out += received
         distance *= 2
     return out
+
+
+# --- notebook 08: top-k across ranks ------------------------------------------------------------------
+
+
+def topk_average_by_all_reduce(tensor, k):
+    # each rank's values all-reduced as if they lay at the same indices: they do not
+    indices = tensor.abs().topk(k).indices
+    values = tensor[indices].clone()
+    dist.all_reduce(values)
+    out = torch.zeros_like(tensor)
+    out[indices] = values / dist.get_world_size()
+    return out
+
+
+def topk_of_the_average(tensor, k):
+    # the top-k of the averaged gradient: what a dense all-reduce then top-k gives, not top-k's exchange
+    mean = tensor.clone()
+    dist.all_reduce(mean)
+    mean /= dist.get_world_size()
+    out = torch.zeros_like(mean)
+    keep = mean.abs().topk(k).indices
+    out[keep] = mean[keep]
+    return out
+
+
+def topk_average_overwriting(tensor, k):
+    # all-gathered right, but an entry kept by two ranks keeps only the last rank's value
+    indices = tensor.abs().topk(k).indices
+    p = dist.get_world_size()
+    all_values = [torch.empty(k) for _ in range(p)]
+    all_indices = [torch.empty_like(indices) for _ in range(p)]
+    dist.all_gather(all_values, tensor[indices])
+    dist.all_gather(all_indices, indices)
+    out = torch.zeros_like(tensor)
+    for v, i in zip(all_values, all_indices):
+        out[i] = v
+    return out / p
+
+
+# --- notebook 07: a PowerSGD communication hook ------------------------------------------------------
+
+
+def _powersgd_hook(state, bucket, error_feedback=True, orthogonalize=True, all_reduce_q=True):
+    # solutions/nb07.py's hook, with one step left out at a time
+    from course_lib import hooks
+    from course_lib.lowrank import orthogonalize_
+
+    ortho = orthogonalize_ if orthogonalize else (lambda t: t)
+    r, world_size, buffer, key = state.matrix_approximation_rank, dist.get_world_size(), bucket.buffer(), bucket.index()
+    if error_feedback and key in state.error_dict:
+        buffer += state.error_dict[key]
+    wanted = buffer.clone()
+    grads = bucket.gradients()
+    matrices, vectors = [g for g in grads if g.dim() == 2], [g for g in grads if g.dim() != 2]
+    if key not in state.q_memory_dict:
+        state.q_memory_dict[key] = state.fresh_qs([(M.shape[1], r) for M in matrices])
+    ps = [M @ ortho(q) for M, q in zip(matrices, state.q_memory_dict[key])]
+    for t in ps + vectors:
+        dist.all_reduce(t)
+    for v in vectors:
+        v /= world_size
+    qs = [M.T @ ortho(p) for M, p in zip(matrices, ps)]
+    for q in qs:
+        if all_reduce_q:
+            dist.all_reduce(q)
+            q /= world_size
+    for M, p, q in zip(matrices, ps, qs):
+        M.copy_(p @ q.T)
+    state.q_memory_dict[key] = qs
+    state.error_dict[key] = wanted - buffer
+    return hooks.completed_future(buffer)
+
+
+def powersgd_hook_without_error_feedback(state, bucket):
+    return _powersgd_hook(state, bucket, error_feedback=False)
+
+
+def powersgd_hook_without_orthogonalizing(state, bucket):
+    return _powersgd_hook(state, bucket, orthogonalize=False)
+
+
+def powersgd_hook_all_reducing_only_p(state, bucket):
+    return _powersgd_hook(state, bucket, all_reduce_q=False)  # each rank keeps its own Q: the ranks drift apart
+
+
+def powersgd_hook_one_all_reduce_per_tensor(state, bucket):
+    return _powersgd_hook(state, bucket)  # right: P's summed one by one, vectors averaged one by one

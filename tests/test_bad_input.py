@@ -171,8 +171,8 @@ MORE = [
     (lambda: lowrank.relative_error(torch.zeros(3, 3), torch.zeros(3, 1), torch.zeros(3, 1)), ValueError,
      "M is all zeros"),
     (lambda: lowrank.svd_error(torch.zeros(3, 3), 1), ValueError, "M is all zeros"),
-    (lambda: accumulation.micro_batch_loss(torch.randn(2, 10), torch.tensor([1, 2]), 0), ValueError,
-     "n_total (the large batch's size) must be an integer >= 2, got 0"),
+    (lambda: accumulation.accumulate_tokens(accumulation.bigram_lm(), [accumulation.token_sequences(2)], 0),
+     ValueError, "n_tokens must be an integer >= 1, got 0"),
 ]
 
 

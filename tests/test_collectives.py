@@ -74,10 +74,11 @@ def test_blocking_ring_shift_deadlocks_and_ring_shift_does_not():
 
 
 def test_exercise_checks(capsys):
-    # check_distributed itself: the instructors' ring reduce-scatter against C.reduce_scatter, which is
-    # computed another way (torch's all-reduce, then this rank's chunk)
-    assert check_distributed(nb02.reduce_scatter, C.reduce_scatter, ex.exercise_inputs, name="ring")
-    assert "[PASS] ring" in capsys.readouterr().out
+    # check_distributed itself: the instructors' reduce-scatter (recursive halving) against
+    # C.reduce_scatter, which is computed another way (torch's all-reduce, then this rank's chunk)
+    assert check_distributed(nb02.recursive_halving_reduce_scatter, C.reduce_scatter, ex.exercise_inputs,
+                             world_sizes=(2, 4), name="halving")
+    assert "[PASS] halving" in capsys.readouterr().out
     assert not check_distributed(W.wrong_reduce_scatter, C.reduce_scatter, ex.exercise_inputs, name="wrong")
     assert "[FAIL] wrong, world size 2, rank 0" in capsys.readouterr().out
     assert not check_distributed(W.todo, C.reduce_scatter, ex.exercise_inputs, name="todo")
@@ -88,7 +89,7 @@ def test_exercise_checks(capsys):
     # the notebook's exercises, as a student runs them: the course's ring_shift (isend/irecv) against
     # torch's all-gather; C.reduce_scatter is right but refused, as it is built on dist.all_reduce
     assert ex.check_ring_shift(C.ring_shift)
-    assert not ex.check_reduce_scatter(C.reduce_scatter)
+    assert not ex.check_recursive_halving(C.reduce_scatter)
     assert "it called dist.all_reduce" in capsys.readouterr().out
     assert not ex.check_ring_shift(W.todo)
     assert "[not yet] todo" in capsys.readouterr().out

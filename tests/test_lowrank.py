@@ -113,24 +113,48 @@ def test_time_methods_reports_each_method():
     assert all(row[k] > 0 for k in ("svd_s", "svd_lowrank_s", "power_step_s"))
 
 
+def test_track_error_feedback_against_the_rule_written_out():
+    # a drifting matrix; the reference loop orthogonalizes with torch's QR (Householder) and takes the
+    # optimum from the truncated SVD rebuilt, other ways than power_step and svd_error
+    base = _decaying(40, 30)
+    drift = torch.randn(6, 40, 30, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    mats = [base + 0.05 * d for d in drift]
+    errors, optima = L.track_error_feedback(mats, 2, warm_start=True, seed=0)
+    Q = torch.randn(30, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    e = torch.zeros_like(base)
+    sent_total = torch.zeros_like(base)
+    for M, err, best in zip(mats, errors, optima):
+        C = M + e
+        P = torch.linalg.qr(C @ Q).Q
+        Q = C.T @ P
+        sent = P @ Q.T
+        assert err == pytest.approx((torch.linalg.norm(C - sent) / torch.linalg.norm(C)).item(), rel=1e-9)
+        U, s, Vh = torch.linalg.svd(C)
+        truncated = U[:, :2] @ torch.diag(s[:2]) @ Vh[:2]
+        assert best == pytest.approx((torch.linalg.norm(C - truncated) / torch.linalg.norm(C)).item(), rel=1e-9)
+        e = C - sent
+        sent_total += sent
+    # error feedback loses nothing: what was sent plus what is still kept is what came in
+    torch.testing.assert_close(sent_total + e, sum(mats))
+    # cold starts draw new noise each step: another sequence of compressed matrices, another result
+    cold, _ = L.track_error_feedback(mats, 2, warm_start=False, seed=0)
+    assert cold[0] == errors[0] and cold[1:] != errors[1:]
+
+
 def test_exercise_checks(capsys):
-    # check_power_step's reference is torch's QR, another way than our Gram-Schmidt, compared where the
-    # signs of P's columns do not matter: the course's power_step passes, and so does a sign-flipped one
-    assert ex.check_power_step(L.power_step)
-    assert ex.check_power_step(lambda M, Q: tuple(-t for t in L.power_step(M, Q)))
+    from solutions import nb05
 
-    def no_orth(M, Q):
-        P = M @ Q
-        return P, M.T @ P
-
-    assert not ex.check_power_step(no_orth)
+    # check_stable_orthogonalize's reference is torch's QR; it refuses one pass of Gram-Schmidt (the
+    # package's own orthogonalize_) on nearly dependent columns, and accepts a Householder answer
+    assert ex.check_stable_orthogonalize(nb05.my_stable_orthogonalize)
+    assert not ex.check_stable_orthogonalize(lambda X: L.orthogonalize_(X.clone()))
     assert "[FAIL]" in capsys.readouterr().out.splitlines()[-1]
-    # check_orthogonalize's reference is orthogonalize_ itself (checked against torch's Gram-Schmidt
-    # above); what is tested here is that it refuses a wrong answer (the instructors' answer passing
-    # it is in test_solutions.py)
+    # check_rank1_error's reference runs the iteration; a formula that forgets the first product is by M fails
+    assert ex.check_rank1_error(nb05.my_rank1_error)
 
-    def normalize_only(m):
-        m /= m.norm(dim=-2, keepdim=True)
+    def exponent_2k(s, c, k):
+        a = s ** (2 * k) * c
+        return (1 - (a.square() / a.square().sum() * s.square()).sum() / s.square().sum()).sqrt().item()
 
-    assert not ex.check_orthogonalize(normalize_only)
+    assert not ex.check_rank1_error(exponent_2k)
     assert "[FAIL]" in capsys.readouterr().out

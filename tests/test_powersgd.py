@@ -1,3 +1,4 @@
+import math
 import pickle
 from dataclasses import replace
 
@@ -131,6 +132,7 @@ def test_non_finite_gradient_is_a_clear_error():
 def test_batched_hook_works_on_gloo_with_small_buckets():
     out = spawn(W.batched_and_torch_batched, 2, backend="gloo", timeout_s=120)
     (ours0, theirs), (ours1, _) = out
+    assert theirs == "AssertionError"  # torch's batched hook: its 2-D Q refused by _orthogonalize
     assert all(torch.equal(a, b) for a, b in zip(ours0.final_params, ours1.final_params))
     assert ours0.compression_stats[0] > 5
     assert ours0.loss[-1] < ours0.loss[0]
@@ -166,21 +168,36 @@ def test_a_parameter_that_reuses_a_dead_ones_id_gets_a_key_of_its_own():
     assert s.keys_for([other, reused]) == [2, 1]  # and they stay
 
 
-def test_try_training_says_how_torchs_hooks_end_with_many_buckets():
-    # what notebook 06 runs: with two buckets (after DDP's rebuild) torch's layer-wise hook pairs up different
-    # collectives on the two ranks (a gloo abort or a hang), its batched hook raises in _orthogonalize
+def test_try_training_says_how_torchs_layerwise_hook_ends_with_many_buckets_on_gloo():
+    # what notebook 07 runs: with two buckets (after DDP's rebuild) torch's layer-wise hook issues P and Q
+    # from callbacks that gloo runs when each collective finishes, so the two ranks pair up different
+    # collectives (a gloo abort or a hang); the course's hook issues them in bucket order and finishes
     tiny = TrainConfig(hidden=256, depth=2, lr=0.05, steps=10, start_powerSGD_iter=3, bucket_cap_mb=0.05,
                        eval_every=1000)
     ours = try_training(replace(tiny, hook="powersgd"), timeout_s=60)
     assert ours.kind == "finished" and ours.detail == ""
-    batched = try_training(replace(tiny, hook="torch_batched_powersgd"), timeout_s=60)
-    assert batched.kind == "raised AssertionError" and "_orthogonalize" in batched.detail
     layerwise = try_training(replace(tiny, hook="torch_powersgd"), timeout_s=10)
     assert layerwise.kind in ("crashed", "hung"), layerwise
     if layerwise.kind == "crashed":
         assert "collective mismatch" in layerwise.detail, layerwise.detail
     else:
         assert 10 <= layerwise.seconds < 20
+
+
+def test_torchs_batched_hook_fails_with_one_bucket_on_one_process():
+    # not a race: it passes its 2-D Q to _orthogonalize, which takes only a 3-D batch of matrices
+    one = TrainConfig(hidden=256, depth=2, lr=0.05, steps=6, start_powerSGD_iter=3, bucket_cap_mb=100,
+                      eval_every=1000)
+    theirs = try_training(replace(one, hook="torch_batched_powersgd"), world_size=1, timeout_s=60)
+    assert theirs.kind == "raised AssertionError" and "_orthogonalize" in theirs.detail, theirs
+    ours = try_training(replace(one, hook="batched_powersgd"), world_size=1, timeout_s=60)
+    assert ours.kind == "finished", ours
+    q = torch.randn(292, 1)
+    with pytest.raises(AssertionError):
+        torch_psgd._orthogonalize(q.clone())
+    batch = q.clone().unsqueeze(0)
+    torch_psgd._orthogonalize(batch)
+    torch.testing.assert_close(batch.norm(), torch.tensor(1.0))
 
 
 def test_try_training_reports_a_workers_exception():
@@ -308,3 +325,68 @@ def test_a_parameter_with_no_elements_is_sent_as_it_is():
     # the 16 x 16 one became rank 1: its singular values past the first are zero (checked by the SVD)
     s = torch.linalg.svdvals(out[1])
     assert s[1] < 1e-4 * s[0]
+
+
+def test_numbers_per_step_and_memory_agree_with_both_hooks_at_every_min_compression_rate():
+    """numbers_per_step against what the course's hook sent (hooks.traffic) and what both hooks count
+    (compression_stats), and notebook 06's memory exercise against what both states keep: at rates
+    where both vectors (6 and 10: compressed below 6/7 and 10/11), one, or none go as n x 1 matrices."""
+    from course_lib.support import exercises
+
+    settings = [(which, r, rate, ef, warm) for which in ("course", "torch") for r in (1, 2)
+                for rate in (0, 0.5, 0.88, 1, 2, 8) for ef, warm in ((True, True), (False, True), (True, False))]
+    out = spawn(W.compressed_step_counts, 2, settings, backend="gloo", timeout_s=120)[0]
+    vectors_compressed = set()
+    for (which, r, rate, ef, warm), row in zip(settings, out):
+        before, after = powersgd.numbers_per_step(row["shapes"], r, rate)
+        assert row["stats"] == (before, after), (which, r, rate)
+        if which == "course":
+            assert row["sent"] == {"collectives": 2, "bytes": 4 * after}, (r, rate)
+        assert row["memory"] == exercises._memory_per_rank(row["shapes"], r, rate, ef, warm), (which, r, rate, ef, warm)
+        if which == "torch":  # torch also keeps its P buffers with warm start: n x r per compressed tensor
+            matrices = [(s[0], math.prod(s[1:])) for s in row["shapes"]]
+            p_numbers = sum(n * min(n, m, r) for n, m in matrices
+                            if powersgd.should_compress(n, m, min(n, m, r), rate)[0])
+            assert row["p_memory"] == (p_numbers if warm else 0), (r, rate, ef, warm)
+        vectors_compressed.add(after - powersgd.numbers_per_step(row["shapes"], r, 1)[1])
+    assert vectors_compressed >= {0, 1, 2}  # 0.88 compresses one vector, 0 and 0.5 both (one number more each)
+
+
+def test_mean_error_norm_is_the_norm_of_the_ranks_average_buffer():
+    """TrainResult.mean_error_norm against the ranks' final error buffers averaged here; the
+    mean differs from rank 0's own buffer (which the old plot showed)."""
+    out = spawn(W.mean_error_recorded, 2, backend="gloo", timeout_s=120)
+    keys = sorted(out[0]["errors"])
+    assert keys and keys == sorted(out[1]["errors"])
+    flat = [torch.cat([o["errors"][k].double().flatten() for k in keys]) for o in out]
+    mean = (flat[0] + flat[1]) / 2
+    for rank, o in enumerate(out):
+        res = o["result"]
+        assert len(res.mean_error_norm) == len(res.error_norm) == 10
+        assert res.mean_error_norm[:3] == [0.0] * 3  # nothing compressed yet
+        assert res.error_norm[-1] == pytest.approx(flat[rank].norm().item(), rel=1e-9)
+        assert res.mean_error_norm[-1] == pytest.approx(mean.norm().item(), rel=1e-9)
+        assert res.error_minus_mean_norm[-1] == pytest.approx((flat[rank] - mean).norm().item(), rel=1e-9)
+    # the same mean on both ranks; rank 0's buffer is not the mean
+    assert out[0]["result"].mean_error_norm == out[1]["result"].mean_error_norm
+    r0 = out[0]["result"]
+    assert abs(r0.error_norm[-1] - r0.mean_error_norm[-1]) > 0.05 * r0.error_norm[-1]
+
+
+def test_each_ranks_error_minus_the_mean_is_the_running_sum_of_its_gradient_minus_the_mean():
+    """(e_i - e_bar) after step t = sum over compressed steps s <= t of (M_i - M_bar)_s, whatever the
+    compression: the part of a rank's buffer that the all-reduce averages away."""
+    out = spawn(W.error_identity, 2, backend="gloo", timeout_s=120)
+    start, steps = 2, len(out[0]["grads"])
+    for rank in range(2):
+        running = torch.zeros(12, 16)
+        for t in range(steps):
+            mean_grad = (out[0]["grads"][t] + out[1]["grads"][t]) / 2
+            mean_error = (out[0]["errors"][t] + out[1]["errors"][t]) / 2
+            if t >= start:
+                running += out[rank]["grads"][t] - mean_grad
+            torch.testing.assert_close(out[rank]["errors"][t] - mean_error, running, rtol=1e-4, atol=1e-4,
+                                       msg=f"rank {rank}, step {t}")
+        assert running.norm() > 0.1 * out[rank]["errors"][-1].norm()  # not trivially zero
+    mean_error = (out[0]["errors"][-1] + out[1]["errors"][-1]) / 2
+    assert mean_error.norm() > 1e-3  # compression left something out: the mean buffer is not zero

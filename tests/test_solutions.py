@@ -4,39 +4,39 @@ pushovers: the unsolved stub is refused, and so is at least one typical wrong an
 
 import math
 
+import numpy as np
 import pytest
 import torch
-from torch import nn
 
+from course_lib import costmodel as C
+from course_lib import data_parallel as dp
 from course_lib import lowrank as L
 from course_lib.support import exercises as ex
-from solutions import nb00, nb01, nb02, nb03, nb05, nb06, nb08, nb10
+from solutions import nb00, nb01, nb02, nb03, nb05, nb06, nb07, nb08, nb10
 from tests import exercise_answers as A
 
 ANSWERS = [
     (ex.check_sum_of_squares, nb00.sum_of_squares),
     (ex.check_elementwise_max, nb00.elementwise_max),
-    (ex.check_accumulate, nb01.my_accumulate),
-    (ex.check_micro_batch_loss, nb01.my_micro_batch_loss),
-    (ex.check_combine_gradients, nb01.my_combine_gradients),
-    (ex.check_count_all_reduces, nb01.my_count_all_reduces),
-    (ex.check_reduce_scatter, nb02.reduce_scatter),
+    (ex.check_ddp_token_step, nb01.ddp_token_step),
     (ex.check_ring_shift, nb02.ring_shift),
-    (ex.check_halving_doubling, nb02.halving_doubling_all_reduce),
-    (ex.check_ddp_buckets, nb03.my_ddp_buckets),
-    (ex.check_sync_time, nb03.my_sync_time),
-    (ex.check_orthogonalize, nb05.my_orthogonalize),
-    (ex.check_power_step, nb05.my_power_step),
+    (ex.check_recursive_doubling, nb02.recursive_doubling_all_reduce),
+    (ex.check_recursive_halving, nb02.recursive_halving_reduce_scatter),
+    (ex.check_ddp_all_reduces, nb03.my_ddp_all_reduces),
+    (ex.check_exposed_time, nb03.my_exposed_time),
+    (ex.check_stable_orthogonalize, nb05.my_stable_orthogonalize),
+    (ex.check_rank1_error, nb05.my_rank1_error),
     (ex.check_smallest_rank, nb05.my_smallest_rank),
-    (ex.check_largest_worth_rank, nb05.my_largest_worth_rank),
-    (ex.check_should_compress, nb06.my_should_compress),
-    (ex.check_error_feedback_step, nb06.my_error_feedback_step),
+    (ex.check_pq_singular_values, nb05.my_pq_singular_values),
+    (ex.check_mean_and_own_buffer, nb06.my_mean_and_own_buffer),
     (ex.check_numbers_per_step, nb06.my_numbers_per_step),
-    (ex.check_topk_allgather_bytes, nb08.my_topk_allgather_bytes),
-    (ex.check_random_k, nb08.my_random_k),
+    (ex.check_powersgd_hook, nb07.my_powersgd_hook),
+    (ex.check_memory_per_rank, nb06.my_memory_per_rank),
+    (ex.check_topk_average, nb08.topk_average),
+    (ex.check_stochastic_rounding, nb08.my_stochastic_round),
     (ex.check_dgc_step, nb08.my_dgc_step),
     (ex.check_break_even_bandwidth, nb10.my_break_even_bandwidth),
-    (ex.check_all_gather_busbw, nb10.my_all_gather_busbw),
+    (ex.check_ring_fit, nb10.my_ring_fit),
 ]
 
 
@@ -55,8 +55,8 @@ def _stub(*args):
     raise NotImplementedError
 
 
-DISTRIBUTED = (ex.check_sum_of_squares, ex.check_elementwise_max, ex.check_reduce_scatter, ex.check_ring_shift,
-               ex.check_halving_doubling)
+DISTRIBUTED = (ex.check_sum_of_squares, ex.check_elementwise_max, ex.check_ddp_token_step, ex.check_ring_shift,
+               ex.check_recursive_doubling, ex.check_recursive_halving, ex.check_topk_average, ex.check_powersgd_hook)
 
 
 @pytest.mark.parametrize("check", [c for c, _ in ANSWERS], ids=lambda c: c.__name__)
@@ -74,52 +74,96 @@ def _dgc_without_masking(g, u, v, momentum, k):
     return sent, u, v - sent
 
 
-def _accumulate_by_k(model, loss_fn, micro_batches):
-    for x, y in micro_batches:  # each mean loss divided by k: right for equal sizes only
-        (loss_fn(model(x), y) / len(micro_batches)).backward()
+def _normalize_only(X):
+    return X / X.norm(dim=0, keepdim=True)
 
 
-def _normalize_only(m):
-    m /= m.norm(dim=-2, keepdim=True)
+def _classical_gram_schmidt(X):
+    P = torch.zeros_like(X)
+    for j in range(X.shape[1]):  # column j's projections all taken from the original column
+        v = X[:, j] - P[:, :j] @ (P[:, :j].T @ X[:, j])
+        P[:, j] = v / v.norm()
+    return P
 
 
-def _gram_schmidt_with_nan(m):
-    m = m if m.dim() == 3 else m.unsqueeze(0)
-    for i in range(m.shape[2]):
-        col = m[:, :, i : i + 1]
-        col /= col.norm(dim=1, keepdim=True)  # a zero column becomes NaN
-        rest = m[:, :, i + 1 :]
-        rest -= (col * rest).sum(dim=1, keepdim=True) * col
+def _cholesky_qr(X):
+    R = torch.linalg.cholesky(X.T @ X, upper=True)  # squares the condition number
+    return torch.linalg.solve_triangular(R, X, upper=True, left=False)
 
 
-def _orthogonalize_a_copy(m):
-    return L.orthogonalize_(m.clone())  # right numbers, but not in place
+def _scipy_qr(X):
+    import scipy.linalg
+    return torch.from_numpy(scipy.linalg.qr(X.numpy(), mode="economic")[0])
 
 
-def _power_step_unnormalized(M, Q):
-    P = M @ Q
-    return P, M.T @ P
+def _rank1_error_exponent_2k(s, c, k):
+    a = s ** (2 * k) * c  # as if the first step multiplied by M Mᵀ, not by M
+    w = a.square() / a.square().sum()
+    return (1 - (w * s.square()).sum() / s.square().sum()).sqrt().item()
 
 
-def _power_step_normalized_not_orthogonal(M, Q):
-    P = M @ Q
-    P = P / P.norm(dim=0)
-    return P, M.T @ P
+def _rank1_error_weighted_by_s(s, c, k):
+    a = s ** (2 * k - 1) * c
+    w = a.square() / a.square().sum()
+    return (1 - (w * s).sum() / s.sum()).sqrt().item()  # singular values where their squares belong
 
 
-def _power_step_wrong_subspace(M, Q):
-    P = L.orthogonalize_(M @ Q.flip(0))  # orthonormal, but the columns of another product
-    return P, M.T @ P
-
-
-def _power_step_q_from_the_unorthogonalized_p(M, Q):
-    X = M @ Q
-    return L.orthogonalize_(X.clone()), M.T @ X
+def _rank1_error_converged(s, c, k):
+    return (s[1:].square().sum() / s.square().sum()).sqrt().item()  # the SVD optimum: as if k were infinite
 
 
 def _smallest_rank_unsquared(M, max_error):
     s = torch.linalg.svdvals(M.double())  # singular values summed, not their squares
     return next(r for r in range(1, len(s) + 1) if (s[r:].sum() / s.sum()).item() <= max_error)
+
+
+def _ddp_all_reduces_without_the_first_bucket(sizes, cap_mb, steps, k, no_sync):
+    # every synchronizing backward with the rebuilt buckets: DDP's first iteration forgotten
+    rebuilt = ex.ddp_all_reduces(sizes, cap_mb, 2, 1, False)[1:]
+    return rebuilt * steps * (1 if no_sync else k)
+
+
+def _ddp_all_reduces_cap_for_every_bucket(sizes, cap_mb, steps, k, no_sync):
+    # bucket_cap_mb=None read as 25 MiB for every bucket: the 1 MiB first bucket forgotten
+    return ex.ddp_all_reduces(sizes, 25 if cap_mb is None else cap_mb, steps, k, no_sync)
+
+
+def _round_to_nearest(x, levels, u):  # deterministic: the nearest level, biased
+    norm = x.norm()
+    return x if norm == 0 else torch.sign(x) * norm * (x.abs() / norm * levels).round() / levels
+
+
+def _round_up_half_the_time(x, levels, u):  # on a neighbouring level, but up with probability 1/2
+    norm = x.norm()
+    return x if norm == 0 else torch.sign(x) * norm * ((x.abs() / norm * levels).floor() + (u < 0.5)) / levels
+
+
+def _round_without_the_sign(x, levels, u):
+    return nb08.my_stochastic_round(x, levels, u).abs()
+
+
+def _exposed_without_queueing(ready, sizes, cap, p, alpha, busbw):
+    # each bucket launched when its last gradient is ready, as if the one before it were always done
+    ends = [ready[b[-1]] + C.ring_all_reduce_time(sum(sizes[i] for i in b), p, alpha, busbw)
+            for b in dp.assign_buckets(sizes, cap)]
+    return max(0.0, max(ends) - ready[-1])
+
+
+def _exposed_as_if_nothing_overlapped(ready, sizes, cap, p, alpha, busbw):
+    # every bucket's all-reduce counted, none hidden behind backward
+    return sum(C.ring_all_reduce_time(sum(sizes[i] for i in b), p, alpha, busbw) for b in dp.assign_buckets(sizes, cap))
+
+
+def _ring_fit_algbw(sizes, times, p):  # the slope's inverse taken as the bus bandwidth: that is algbw
+    import statistics
+    slope, intercept = statistics.linear_regression(sizes, times)
+    return intercept / (2 * (p - 1)), 1 / slope / 1e9
+
+
+def _ring_fit_intercept_as_alpha(sizes, times, p):  # the intercept taken as alpha: it is 2(p-1) alpha
+    import statistics
+    slope, intercept = statistics.linear_regression(sizes, times)
+    return intercept, 2 * (p - 1) / p / slope / 1e9
 
 
 def _break_even_without_the_never_case(h, r, p, a):
@@ -129,35 +173,106 @@ def _break_even_without_the_never_case(h, r, p, a):
 
 
 # answers a student might give, each wrong in one way the exercise is about; what the check says
+def _buffers_compressed_per_worker(grads, compress):
+    """Error feedback as on one worker, on each: every worker compresses its own corrected gradient."""
+    errors = [torch.zeros_like(g) for g in grads[0]]
+    for step in grads:
+        corrected = [g + e for g, e in zip(step, errors)]
+        errors = [c - compress(c) for c in corrected]
+    return sum(errors) / len(errors), errors[0]
+
+
+def _buffers_own_for_both(grads, compress):
+    """Worker 0's buffer given as the mean too: what the old plot of rank 0's buffer showed."""
+    _, own = ex._mean_and_own_buffer(grads, compress)
+    return own, own
+
+
+def _buffers_last_step_only(grads, compress):
+    """The buffers of the last step alone, as if nothing were carried over."""
+    return ex._mean_and_own_buffer(grads[-1:], compress)
+
+
+def _numbers_per_step_vectors_never_compressed(shapes, r, rate):
+    """The course's old count: every vector as it is, whatever min_compression_rate."""
+    return sum(math.prod(s) if len(s) < 2 or (s[0] + math.prod(s[1:])) * min(s[0], math.prod(s[1:]), r) * rate
+               >= math.prod(s) else (s[0] + math.prod(s[1:])) * min(s[0], math.prod(s[1:]), r) for s in shapes)
+
+
+def _memory_error_of_compressed_only(shapes, r, rate, use_error_feedback, warm_start):
+    """An error kept only for the tensors that are compressed (the averaged ones differ from this rank's too)."""
+    total = 0
+    for s in shapes:
+        n, m = s[0], math.prod(s[1:])
+        if (n + m) * min(n, m, r) * rate < n * m:
+            total += (n * m if use_error_feedback else 0) + (m * min(n, m, r) if warm_start else 0)
+    return total
+
+
+def _memory_p_and_q(shapes, r, rate, use_error_feedback, warm_start):
+    """P kept too: only Q is carried to the next step (warm start); P is recomputed from it."""
+    total = sum(math.prod(s) for s in shapes) if use_error_feedback else 0
+    for s in shapes:
+        n, m = s[0], math.prod(s[1:])
+        if warm_start and (n + m) * min(n, m, r) * rate < n * m:
+            total += (n + m) * min(n, m, r)
+    return total
+
+
+def _memory_vectors_never_compressed(shapes, r, rate, use_error_feedback, warm_start):
+    return nb06.my_memory_per_rank([s for s in shapes if len(s) > 1], r, rate, False, warm_start) + (
+        sum(math.prod(s) for s in shapes) if use_error_feedback else 0)
+
+
 NEAR_MISSES = [
-    (ex.check_accumulate, _accumulate_by_k, "case 1"),
-    (ex.check_micro_batch_loss, lambda logits, y, n: nn.functional.cross_entropy(logits, y), "values differ"),
-    (ex.check_combine_gradients, lambda grads, sizes: [sum(g[i] for g in grads) / len(grads)
-                                                       for i in range(len(grads[0]))], "values differ"),  # unweighted
-    (ex.check_count_all_reduces, lambda steps, k, buckets, no_sync: steps * k, "expected"),  # buckets forgotten
-    (ex.check_ddp_buckets, lambda sizes, first, cap: [list(range(len(sizes)))], "expected"),
-    (ex.check_sync_time, lambda sizes, cap, p, a, bw: nb03.my_sync_time(sizes, cap, p, 0.0, bw), "expected"),
-    (ex.check_orthogonalize, _normalize_only, "values differ"),
-    (ex.check_orthogonalize, _gram_schmidt_with_nan, "case 3"),  # the zero column
-    (ex.check_orthogonalize, _orthogonalize_a_copy, "values differ"),
-    (ex.check_power_step, _power_step_unnormalized, "key 'PᵀP'"),
-    (ex.check_power_step, _power_step_normalized_not_orthogonal, "key 'PᵀP'"),
-    (ex.check_power_step, _power_step_wrong_subspace, "key 'P Pᵀ'"),
-    (ex.check_power_step, _power_step_q_from_the_unorthogonalized_p, "key 'P Q_newᵀ'"),
-    (ex.check_power_step, lambda M, Q: nb05.my_power_step(M, Q)[0], "a pair of tensors"),
+    (ex.check_ddp_all_reduces, _ddp_all_reduces_without_the_first_bucket, "case 0"),
+    (ex.check_ddp_all_reduces, _ddp_all_reduces_cap_for_every_bucket, "case 0"),
+    (ex.check_ddp_all_reduces, lambda sizes, cap, steps, k, no_sync: ex.ddp_all_reduces(sizes, cap, steps, k, False),
+     "case 1"),  # no_sync forgotten
+    (ex.check_exposed_time, _exposed_without_queueing, "case 3"),
+    (ex.check_exposed_time, _exposed_as_if_nothing_overlapped, "case 0"),
+    (ex.check_stable_orthogonalize, _normalize_only, "key '‖PᵀP − I‖ ≤ 1e-12'"),
+    (ex.check_stable_orthogonalize, lambda X: L.orthogonalize_(X.clone()), "case 2"),  # one pass of Gram-Schmidt
+    (ex.check_stable_orthogonalize, _classical_gram_schmidt, "case 2"),
+    (ex.check_stable_orthogonalize, _cholesky_qr, "case 2"),
+    (ex.check_stable_orthogonalize, lambda X: torch.linalg.qr(X).Q, "torch.linalg.qr does the work"),
+    (ex.check_stable_orthogonalize, lambda X: torch.linalg.svd(X, full_matrices=False).U, "torch.linalg.svd does"),
+    (ex.check_stable_orthogonalize, lambda X: X.qr().Q, "Tensor.qr does the work"),
+    (ex.check_stable_orthogonalize, lambda X: torch.from_numpy(np.linalg.qr(X.numpy())[0]), "numpy.linalg.qr does"),
+    (ex.check_stable_orthogonalize, lambda X: torch.from_numpy(np.linalg.svd(X.numpy(), full_matrices=False)[0]),
+     "numpy.linalg.svd does"),
+    (ex.check_stable_orthogonalize, _scipy_qr, "scipy.linalg.qr does"),
+    (ex.check_rank1_error, _rank1_error_exponent_2k, "expected"),
+    (ex.check_rank1_error, _rank1_error_weighted_by_s, "expected"),
+    (ex.check_rank1_error, _rank1_error_converged, "expected"),
     (ex.check_smallest_rank, lambda M, e: 1, "expected"),
     (ex.check_smallest_rank, _smallest_rank_unsquared, "expected"),
-    (ex.check_largest_worth_rank, lambda n, m, rate: int(n * m / ((n + m) * rate)), "expected"),  # off by one
-    (ex.check_should_compress, lambda n, m, r, rate: (n + m) * r * rate <= n * m, "expected False, got True"),
-    (ex.check_error_feedback_step, lambda g, e, compress: (compress(g + e), g - compress(g + e)), "item 1"),
+    (ex.check_smallest_rank, lambda M, e: next(r for r in range(1, min(M.shape) + 1) if L.svd_error(M, r) <= e),
+     "lowrank.svd_error is refused"),  # the notebook's own calls, rank by rank
+    # Q's column lengths: its columns are not orthogonal yet
+    (ex.check_pq_singular_values, lambda P, Q: Q.norm(dim=0).sort(descending=True).values, "case 1"),
+    (ex.check_pq_singular_values, lambda P, Q: torch.linalg.eigvalsh(Q.T @ Q).sqrt(), "case 1"),  # ascending
+    (ex.check_pq_singular_values, lambda P, Q: torch.linalg.svdvals(P @ Q.T)[: P.shape[1]],
+     "torch.linalg.svdvals is refused on a matrix larger than r x r"),
+    (ex.check_pq_singular_values, lambda P, Q: torch.from_numpy(np.linalg.svd((P @ Q.T).numpy(), compute_uv=False)
+                                                                 [: P.shape[1]].copy()), "numpy.linalg.svd is refused"),
+    (ex.check_mean_and_own_buffer, _buffers_compressed_per_worker, "item 0"),
+    (ex.check_mean_and_own_buffer, _buffers_own_for_both, "item 0"),
+    (ex.check_mean_and_own_buffer, _buffers_last_step_only, "case 1"),
     (ex.check_numbers_per_step, lambda shapes, r, rate: sum((s[0] + (s[1] if len(s) > 1 else 0)) * r
                                                             for s in shapes), "expected"),
-    (ex.check_all_gather_busbw, lambda size, t, p: size / t / 1e9, "expected"),  # algbw, not busbw
+    (ex.check_numbers_per_step, _numbers_per_step_vectors_never_compressed, "case 5"),
+    (ex.check_memory_per_rank, _memory_error_of_compressed_only, "expected"),
+    (ex.check_memory_per_rank, _memory_p_and_q, "expected"),
+    (ex.check_memory_per_rank, _memory_vectors_never_compressed, "case 5"),
+    (ex.check_ring_fit, _ring_fit_algbw, "case 1"),  # the slope's inverse is algbw, not busbw, at p > 2
+    (ex.check_ring_fit, _ring_fit_intercept_as_alpha, "case 0"),  # the intercept is 2(p-1) alpha
     (ex.check_break_even_bandwidth, lambda h, r, p, a: (r["bytes"] - h["bytes"]) / (
         h["compute_s"] - r["compute_s"]) / 1e9, "expected"),  # latency and the ring factor forgotten
     (ex.check_break_even_bandwidth, _break_even_without_the_never_case, "case 4"),
-    (ex.check_topk_allgather_bytes, lambda n, r, p: p * max(1, math.ceil(r * n)) * 8, "expected"),  # its own counted
-    (ex.check_random_k, lambda x, idx: torch.zeros_like(x).index_copy(0, idx, x[idx]), "values differ"),  # not rescaled
+    (ex.check_stochastic_rounding, _round_to_nearest, "biased"),
+    (ex.check_stochastic_rounding, _round_up_half_the_time, "biased"),
+    (ex.check_stochastic_rounding, _round_without_the_sign, "not one of its two neighbouring levels"),
     (ex.check_dgc_step, _dgc_without_masking, "values differ"),
 ]
 
@@ -175,18 +290,16 @@ def test_every_check_refuses_a_near_miss():
     assert refused == {check.__name__ for check, _ in ANSWERS}
 
 
-def test_a_right_answer_with_other_signs_passes_the_power_step(capsys):
-    # torch.linalg.qr (Householder) gives P's columns signs of its own; any sign is right
-    def by_qr(M, Q):
-        P = torch.linalg.qr(M @ Q).Q
-        return P, M.T @ P
-
-    def flipped(M, Q):
-        P, Q_new = nb05.my_power_step(M, Q)
-        return -P, -Q_new
-
-    assert ex.check_power_step(by_qr) and ex.check_power_step(flipped)
+def test_other_stable_orthogonalizations_pass_and_torch_is_given_back(capsys):
+    # Gram-Schmidt twice ("twice is enough") and Householder with the other signs are right too
+    assert ex.check_stable_orthogonalize(lambda X: L.orthogonalize_(L.orthogonalize_(X.clone())))
+    assert ex.check_stable_orthogonalize(lambda X: -nb05.my_stable_orthogonalize(X))
     assert capsys.readouterr().out.count("[PASS]") == 2
+    # the refused factorizations are restored afterwards, even after a refusal
+    before = (torch.linalg.qr, torch.linalg.svd, torch.Tensor.qr, np.linalg.qr, np.linalg.svd)
+    assert not ex.check_stable_orthogonalize(lambda X: torch.linalg.qr(X).Q)
+    assert not ex.check_stable_orthogonalize(lambda X: torch.from_numpy(np.linalg.qr(X.numpy())[0]))
+    assert (torch.linalg.qr, torch.linalg.svd, torch.Tensor.qr, np.linalg.qr, np.linalg.svd) == before
 
 
 # the distributed exercises: wrong numbers, and right numbers by what the exercise does not allow
@@ -195,14 +308,30 @@ DISTRIBUTED_NEAR_MISSES = [
     (ex.check_sum_of_squares, A.sum_of_squares_without_communicating, "called 0 collectives"),
     (ex.check_sum_of_squares, A.sum_of_squares_in_two_collectives, "called 2 collectives (reduce, broadcast)"),
     (ex.check_elementwise_max, A.elementwise_sum, "values differ"),
-    (ex.check_reduce_scatter, A.reduce_scatter_by_all_reduce, "it called dist.all_reduce"),
-    (ex.check_reduce_scatter, A.reduce_scatter_by_imported_all_reduce, "called a collective (ProcessGroup.allreduce)"),
-    (ex.check_reduce_scatter, A.reduce_scatter_by_reduce_scatter, "it called dist.reduce_scatter"),
-    (ex.check_reduce_scatter, A.reduce_scatter_ring_owner, "expected shape (3,), got (2,)"),
+    (ex.check_ddp_token_step, A.ddp_token_step_by_rank_count, "values differ"),
+    (ex.check_ddp_token_step, A.ddp_token_step_without_world_size, "values differ"),
+    (ex.check_ddp_token_step, A.ddp_token_step_naive, "values differ"),
+    (ex.check_ddp_token_step, A.ddp_token_step_without_no_sync, "all-reduced the gradient 3 times"),
+    (ex.check_ddp_token_step, A.ddp_token_step_in_one_backward, "one forward and backward per micro-batch"),
     (ex.check_ring_shift, A.ring_shift_by_all_gather, "it called dist.all_gather"),
     (ex.check_ring_shift, A.ring_shift_the_wrong_way, "values differ"),
-    (ex.check_halving_doubling, A.halving_doubling_by_all_reduce, "it called dist.all_reduce"),
-    (ex.check_halving_doubling, A.halving_doubling_by_ring, "sent 2 messages; recursive doubling"),
+    (ex.check_recursive_doubling, A.recursive_doubling_by_all_reduce, "it called dist.all_reduce"),
+    (ex.check_recursive_doubling, A.recursive_doubling_by_ring, "sent 2 messages; recursive doubling"),
+    (ex.check_recursive_halving, A.reduce_scatter_by_all_reduce, "it called dist.all_reduce"),
+    (ex.check_recursive_halving, A.reduce_scatter_by_imported_all_reduce,
+     "called a collective (ProcessGroup.allreduce)"),
+    (ex.check_recursive_halving, A.reduce_scatter_by_reduce_scatter, "it called dist.reduce_scatter"),
+    (ex.check_recursive_halving, A.reduce_scatter_ring_owner, "expected shape (5,), got (4,)"),
+    (ex.check_recursive_halving, A.reduce_scatter_by_ring, "sent 3 messages; recursive halving"),
+    (ex.check_recursive_halving, A.reduce_scatter_by_recursive_doubling, "sent 9 numbers of a 9-number input"),
+    (ex.check_recursive_halving, A.recursive_halving_keeping_the_partners_half, "expected shape (5,), got (4,)"),
+    (ex.check_recursive_halving, A.recursive_halving_with_padded_chunks, "sent 5 numbers, not 4"),
+    (ex.check_topk_average, A.topk_average_by_all_reduce, "values differ"),
+    (ex.check_topk_average, A.topk_of_the_average, "values differ"),
+    (ex.check_topk_average, A.topk_average_overwriting, "values differ"),
+    (ex.check_powersgd_hook, A.powersgd_hook_without_error_feedback, "after step 3 (compressed step 2) differ"),
+    (ex.check_powersgd_hook, A.powersgd_hook_without_orthogonalizing, "after step 2 (compressed step 1) differ"),
+    (ex.check_powersgd_hook, A.powersgd_hook_all_reducing_only_p, "after step 2 (compressed step 1) differ"),
 ]
 
 
@@ -218,7 +347,8 @@ def test_distributed_near_misses_fail(check, wrong, says, capsys):
 OTHER_RIGHT_ANSWERS = [
     (ex.check_sum_of_squares, A.sum_of_squares_by_imported_all_reduce),  # still one collective
     (ex.check_ring_shift, A.ring_shift_by_batch_isend_irecv),
-    (ex.check_halving_doubling, A.halving_doubling_by_blocking_send_recv),
+    (ex.check_recursive_doubling, A.recursive_doubling_by_blocking_send_recv),
+    (ex.check_powersgd_hook, A.powersgd_hook_one_all_reduce_per_tensor),  # P summed and vectors averaged one by one
 ]
 
 

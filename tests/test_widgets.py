@@ -1,3 +1,4 @@
+import matplotlib.pyplot as plt
 import pytest
 import torch
 
@@ -58,6 +59,41 @@ def test_picture_is_redrawn_when_the_rank_moves():
     assert first[:4] == b"\x89PNG"
     w.rank.value = 2
     assert w.plot.value != first
+
+
+def test_the_residual_panel_shows_what_the_error_measures():
+    m = _matrices()
+    w = rank_explorer(m, rank=2, iters=4, seed=0)
+    s = w.numbers()
+    M = m["low"].double()
+    torch.testing.assert_close(s["residual"], M - s["reconstruction"])
+    assert (s["residual"].norm() / M.norm()).item() == pytest.approx(s["relative error"], rel=1e-12)
+    fig = w.figure(s)
+    try:
+        titles = [ax.get_title() for ax in fig.axes]
+        assert titles[:3] == ["original M", "P Q^T, rank 2", "residual M - P Q^T, same scale as M\n(norm "
+                              f"{s['relative error']:.3f} of M's)"]
+        original, _, residual = (ax.get_images()[0] for ax in fig.axes[:3])
+        torch.testing.assert_close(torch.as_tensor(residual.get_array().data), s["residual"])
+        # on the original's colour scale, so its size against M's shows, with a colour bar saying so
+        assert residual.get_clim() == original.get_clim() and residual.get_clim()[0] < 0
+        assert residual.colorbar is not None
+        assert len(fig.axes) == 5  # the three pictures, the error curve and the colour bar
+    finally:
+        plt.close(fig)
+
+
+def test_the_photograph_residual_spans_its_grey_range():
+    img = hopper_gray()[::4, ::4]
+    w = rank_explorer({"photo in grey": img}, rank=3)
+    fig = w.figure()
+    try:
+        original, _, residual = (ax.get_images()[0] for ax in fig.axes[:3])
+        lo, hi = original.get_clim()
+        assert (lo, hi) == (img.min().item(), img.max().item())
+        assert residual.get_clim() == pytest.approx((-(hi - lo) / 2, (hi - lo) / 2))
+    finally:
+        plt.close(fig)
 
 
 def test_bandwidth_slider_changes_predictions():

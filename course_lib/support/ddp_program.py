@@ -28,7 +28,8 @@ from course_lib import hooks
 from course_lib.support.digits import batch_slice, digits_tensors, mlp
 from course_lib.train import TrainConfig, make_hook
 
-__all__ = ["train_steps", "ddp_program", "fail_on_rank_one", "torch_bf16_refusal", "one_step_gradients",
+__all__ = ["train_steps", "ddp_program", "fail_on_rank_one", "torch_bf16_refusal", "ddp_accepts_bf16_hook",
+           "torch_fp16_wrapped_allreduce_hook", "one_step_gradients",
            "TOLERANCE", "relative_error", "check_gradient", "subgroup_and_timeout", "print_ranks",
            "two_node_torchrun"]
 
@@ -85,6 +86,26 @@ def torch_bf16_refusal(rank: int, world_size: int) -> str:
     except Exception as e:
         return f"{type(e).__name__}: {e}"
     return "accepted"
+
+
+def ddp_accepts_bf16_hook() -> bool:
+    """Whether DDP's ``register_comm_hook`` accepts torch's ``bf16_compress_hook`` on this torch build:
+    the test of ``DistributedDataParallel._check_comm_hook``, mirrored. It asks how torch was built
+    (CUDA or ROCm, with NCCL 2.10 or later; or XPU with XCCL), not which backend the group uses."""
+    cuda_supported = torch.version.cuda is not None or torch.version.hip is not None
+    try:
+        nccl_supported = dist.is_available() and dist.is_nccl_available() and torch.cuda.nccl.version() >= (2, 10)
+    except Exception:  # a build without NCCL may have no torch.cuda.nccl to ask
+        nccl_supported = False
+    xccl_available = getattr(dist, "is_xccl_available", lambda: False)
+    xpu_xccl_supported = dist.is_available() and xccl_available() and hasattr(torch, "xpu") and torch.xpu.is_available()
+    return bool((cuda_supported and nccl_supported) or xpu_xccl_supported)
+
+
+def torch_fp16_wrapped_allreduce_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """torch's ``fp16_compress_wrapper(allreduce_hook)``, as a module-level function so that it can be
+    handed to worker processes (the wrapper returns a closure, which cannot be pickled)."""
+    return default_hooks.fp16_compress_wrapper(default_hooks.allreduce_hook)(state, bucket)
 
 
 def one_step_gradients(rank: int, world_size: int, hooks_to_run: dict, hidden: int = 64, batch_size: int = 64,
@@ -154,7 +175,8 @@ def subgroup_and_timeout(rank: int, world_size: int, timeout_s: float = 2.0) -> 
             dist.all_reduce(torch.ones(1), group=short)  # rank 1 never joins this one
             out["timeout"] = "no error"
         except RuntimeError as e:
-            out["timeout"] = f"{type(e).__name__} after {time.monotonic() - start:.1f} s: {str(e).splitlines()[0]}"
+            out["timeout_elapsed_s"] = time.monotonic() - start
+            out["timeout"] = f"{type(e).__name__} after {out['timeout_elapsed_s']:.1f} s: {str(e).splitlines()[0]}"
     dist.barrier()  # rank 1 waits here, in the default group, meanwhile
     return out
 

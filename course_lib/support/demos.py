@@ -29,7 +29,7 @@ def all_reduce_check(rank: int, world_size: int) -> dict:
     device = worker_device()
     t = torch.tensor([float(rank + 1)], device=device)
     dist.all_reduce(t)
-    return {"rank": rank, "backend": dist.get_backend(), "sum": t.item()}
+    return {"rank": rank, "backend": dist.get_backend(), "sum": t.item(), "threads": torch.get_num_threads()}
 
 
 def rendezvous_demo(rank: int, world_size: int, init_methods: list[str], env_port: int) -> list[dict]:

@@ -16,14 +16,16 @@ import math
 import traceback
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course_lib import accumulation, collectives, costmodel, data_parallel, lowrank, powersgd
+from course_lib import accumulation, collectives, costmodel, data_parallel, hooks, lowrank, powersgd
 from course_lib.launch import WorkerError, spawn
-from course_lib.support.digits import digits_tensors, mlp
+from course_lib.support.digits import batch_slice, digits_tensors, mlp
 
 __all__ = [
     "check",
@@ -32,27 +34,26 @@ __all__ = [
     "Rules",
     "check_sum_of_squares",
     "check_elementwise_max",
-    "check_accumulate",
-    "check_micro_batch_loss",
-    "check_combine_gradients",
-    "check_count_all_reduces",
-    "check_reduce_scatter",
+    "check_ddp_token_step",
     "check_ring_shift",
-    "check_halving_doubling",
-    "check_ddp_buckets",
-    "check_sync_time",
-    "check_orthogonalize",
-    "check_power_step",
+    "check_recursive_doubling",
+    "check_recursive_halving",
+    "check_ddp_all_reduces",
+    "check_exposed_time",
+    "check_stable_orthogonalize",
+    "check_rank1_error",
     "check_smallest_rank",
-    "check_largest_worth_rank",
-    "check_should_compress",
-    "check_error_feedback_step",
+    "check_pq_singular_values",
+    "check_mean_and_own_buffer",
     "check_numbers_per_step",
-    "check_topk_allgather_bytes",
-    "check_random_k",
+    "check_powersgd_hook",
+    "PowerSGDHookState",
+    "check_memory_per_rank",
+    "check_topk_average",
+    "check_stochastic_rounding",
     "check_dgc_step",
     "check_break_even_bandwidth",
-    "check_all_gather_busbw",
+    "check_ring_fit",
 ]
 
 
@@ -149,13 +150,17 @@ class Rules:
 
     ``point_to_point_only``: every collective is refused the moment it is called (barrier, which
     moves no data, excepted); ``collectives``: how many collectives each rank must call;
-    ``sends``: world size -> how many messages each rank must send. ``why`` ends the message when
-    a count is off.
+    ``sends``: world size -> how many messages each rank must send; ``sent_below_input``: each rank
+    must send fewer numbers than its input holds (a reduce-scatter that never sends the whole
+    tensor); ``sent_numbers``: a top-level function ``(input_numbers, rank, world_size) -> int``, how
+    many numbers each rank must send in all. ``why`` ends the message when a count is off.
     """
 
     point_to_point_only: bool = False
     collectives: int | None = None
     sends: dict | None = None
+    sent_below_input: bool = False
+    sent_numbers: object = None
     why: str = ""
 
     def broken(self, used: dict, world_size: int) -> str | None:
@@ -165,6 +170,12 @@ class Rules:
             return f"called {len(used['collectives'])} collectives ({called}); {self.why}"
         if self.sends is not None and used["sends"] != self.sends[world_size]:
             return f"sent {used['sends']} messages; {self.why}"
+        if self.sent_below_input and used["numbers_sent"] >= used["input_numbers"]:
+            return f"sent {used['numbers_sent']} numbers of a {used['input_numbers']}-number input; {self.why}"
+        if self.sent_numbers is not None:
+            want = self.sent_numbers(used["input_numbers"], used["rank"], world_size)
+            if used["numbers_sent"] != want:
+                return f"sent {used['numbers_sent']} numbers, not {want}; {self.why}"
         return None
 
 
@@ -200,6 +211,7 @@ class _Watch:
         self.rules, self.name = rules, name
         self.collectives: list[str] = []
         self.sends = 0
+        self.numbers_sent = 0
         self._depth = 0  # > 0 inside a watched function: what it calls in turn is not counted again
         self._saved: list = []
 
@@ -228,6 +240,8 @@ class _Watch:
             if self._depth == 0:  # called directly, or through a name imported before the watch
                 if name == "send":  # dist.send and dist.isend both end here
                     self.sends += 1
+                    tensors = args[0] if args else kwargs.get("tensors", [])
+                    self.numbers_sent += sum(t.numel() for t in ([tensors] if torch.is_tensor(tensors) else tensors))
                 else:
                     if self.rules.point_to_point_only:
                         self._refuse(f"a collective (ProcessGroup.{name})")
@@ -259,7 +273,7 @@ class _Watch:
         return False
 
     def used(self) -> dict:
-        return {"collectives": list(self.collectives), "sends": self.sends}
+        return {"collectives": list(self.collectives), "sends": self.sends, "numbers_sent": self.numbers_sent}
 
 
 def _run_both(rank, world_size, student, reference, make_inputs, rules=None, name="your function"):
@@ -267,7 +281,8 @@ def _run_both(rank, world_size, student, reference, make_inputs, rules=None, nam
     expected = reference(*copy.deepcopy(args))
     with _Watch(rules or Rules(), name) as watch:
         got = student(*copy.deepcopy(args))
-    return args, expected, got, watch.used()
+    used = watch.used() | {"input_numbers": sum(a.numel() for a in args if torch.is_tensor(a)), "rank": rank}
+    return args, expected, got, used
 
 
 def check_distributed(student, reference, make_inputs, world_sizes=(2, 3), *, name: str | None = None,
@@ -346,83 +361,82 @@ def check_elementwise_max(student_fn) -> bool:
 
 # --- notebook 01: gradient accumulation ------------------------------------------------------------
 
-def _grads_after(accumulate_fn, sizes) -> list[torch.Tensor]:
-    x_train, y_train, _, _ = digits_tensors()
-    n = 48 if isinstance(sizes, int) else sum(sizes)
-    model = mlp(seed=1)
-    accumulate_fn(model, nn.CrossEntropyLoss(), accumulation.split(x_train[:n], y_train[:n], sizes))
-    return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+_TOKEN_EXERCISE = dict(sequences_per_micro_batch=2, k=3)
 
 
-def _whole_batch_grads(sizes) -> list[torch.Tensor]:
-    """The reference, another way: autograd on the mean loss of the whole batch at once."""
-    x_train, y_train, _, _ = digits_tensors()
-    n = 48 if isinstance(sizes, int) else sum(sizes)
-    model = mlp(seed=1)
-    nn.CrossEntropyLoss()(model(x_train[:n]), y_train[:n]).backward()
-    return [p.grad.clone() for p in model.parameters()]
+def _token_step_worker(rank: int, world_size: int, student_fn) -> dict:
+    """The student's DDP step on this rank's share of unequal-length sequences, and what it did.
 
-
-def check_accumulate(student_fn) -> bool:
-    """``student_fn(model, loss_fn, micro_batches)`` leaves the large batch's gradient in ``.grad``.
-
-    Checked on 48 digits split in 4 equal parts, then in unequal parts [30, 10, 5, 3], against
-    autograd on the 48 at once.
+    The reference, another way: one model (no DDP) and autograd on the mean loss over every token of
+    every rank's sequences at once. The profiler records each all-reduce the step runs (its number
+    of elements), and a forward pre-hook the number of tokens each forward pass saw.
     """
-    return check(lambda s: _grads_after(student_fn, s), _whole_batch_grads,
-                 [(4,), ([30, 10, 5, 3],)], name=_name(student_fn, "accumulate"))
+    c = _TOKEN_EXERCISE
+    per_rank = c["sequences_per_micro_batch"] * c["k"]
+    sequences = accumulation.token_sequences(per_rank * world_size, seed=world_size)
+    ref = accumulation.bigram_lm()
+    accumulation.token_losses(ref, sequences).mean().backward()
+    share = sequences[rank * per_rank:(rank + 1) * per_rank]
+    micro = [share[i::c["k"]] for i in range(c["k"])]
+    model = DDP(accumulation.bigram_lm())
+    forwards: list[int] = []
+    model.module.register_forward_pre_hook(lambda _module, args: forwards.append(args[0].numel()))
+    with accumulation._quiet_stderr(), torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        student_fn(model, micro)
+    all_reduces = [sum(torch.Size(s).numel() for s in e.input_shapes) for e in prof.events()
+                   if e.name.endswith(":all_reduce") and not e.name.startswith("c10d")]
+    return {
+        "want": [p.grad.clone() for p in ref.parameters()],
+        "got": [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for p in model.module.parameters()],
+        "tokens": [sum(len(s) - 1 for s in m) for m in micro],
+        "forwards": forwards,
+        "all_reduces": all_reduces,
+        "gradient_numbers": sum(p.numel() for p in ref.parameters()),
+    }
 
 
-def _micro_batch_loss(logits: torch.Tensor, y: torch.Tensor, n_total: int) -> torch.Tensor:
-    """Cross-entropy written out: minus the log-probability of each true class, summed, over n_total."""
-    return -logits.log_softmax(dim=1).gather(1, y.unsqueeze(1)).sum() / n_total
-
-
-def check_micro_batch_loss(student_fn) -> bool:
-    """``student_fn(logits, y, n_total)`` so that the micro-batch losses sum to the batch's mean loss."""
-    g = torch.Generator().manual_seed(0)
-    cases = [(torch.randn(n, 10, generator=g), torch.randint(0, 10, (n,), generator=g), total)
-             for n, total in [(30, 48), (3, 48), (16, 16)]]
-    return check(student_fn, _micro_batch_loss, cases, name=_name(student_fn, "micro_batch_loss"))
-
-
-def _micro_batch_gradients(sizes):
-    x_train, y_train, _, _ = digits_tensors()
-    model = mlp(seed=2)
-    grads, start = [], 0
-    for n in sizes:
-        model.zero_grad()
-        nn.functional.cross_entropy(model(x_train[start : start + n]), y_train[start : start + n]).backward()
-        grads.append([p.grad.clone() for p in model.parameters()])
-        start += n
-    model.zero_grad()  # the reference, another way: autograd on the whole batch at once
-    nn.functional.cross_entropy(model(x_train[:start]), y_train[:start]).backward()
-    return grads, [p.grad.clone() for p in model.parameters()]
-
-
-def check_combine_gradients(student_fn) -> bool:
-    """``student_fn(grads, sizes)``: the whole batch's gradient from each micro-batch's *mean-loss* gradient.
-
-    ``grads[i]`` is the list of parameter gradients of micro-batch i (of ``sizes[i]`` examples);
-    the answer is checked against autograd on the whole batch.
-    """
-    cases = []
-    for sizes in ([16, 16, 16], [30, 10, 5, 3], [1, 47]):
-        grads, _ = _micro_batch_gradients(sizes)
-        cases.append((grads, list(sizes)))
-    return check(student_fn, lambda grads, sizes: _micro_batch_gradients(sizes)[1], cases,
-                 name=_name(student_fn, "combine_gradients"), rtol=1e-5, atol=1e-6)
-
-
-def _all_reduces(steps: int, k: int, buckets: int, no_sync: bool) -> int:
-    return steps * buckets * (1 if no_sync else k)
-
-
-def check_count_all_reduces(student_fn) -> bool:
-    """``student_fn(steps, k, buckets, no_sync)``: the all-reduces DDP issues for ``steps`` steps of
-    ``k`` micro-batches each, when the gradients fill ``buckets`` buckets."""
-    cases = [(5, 4, 1, False), (5, 4, 1, True), (10, 8, 3, False), (10, 8, 3, True), (1, 1, 2, True)]
-    return check(student_fn, _all_reduces, cases, name=_name(student_fn, "count_all_reduces"))
+def check_ddp_token_step(student_fn) -> bool:
+    """``student_fn(model, micro_batches)`` in a ``.py`` file: one accumulation step under DDP on
+    sequences of unequal lengths. ``model`` is a DDP-wrapped ``accumulation.bigram_lm()``,
+    ``micro_batches`` this rank's k lists of token sequences. After it, every rank's ``.grad`` must
+    hold the gradient of the mean loss over *all* tokens of all ranks (checked on 2 and 3 gloo ranks
+    against autograd on the whole batch in one process), with one forward and backward per
+    micro-batch and the gradient all-reduced once (``no_sync`` around the first k - 1)."""
+    name = _name(student_fn, "ddp_token_step")
+    k = _TOKEN_EXERCISE["k"]
+    for world_size in (2, 3):
+        try:
+            results = spawn(_token_step_worker, world_size, student_fn, backend="gloo", timeout_s=60)
+        except WorkerError as e:
+            if e.exc_type == "NotImplementedError":
+                print(f"[not yet] {name}: replace the `raise NotImplementedError` with your code, save the file, "
+                      f"then run this again.")
+            else:
+                print(f"[FAIL] {name}, world size {world_size}: rank {e.rank} raised {e.exc_type}: {e.message}")
+            return False
+        except TimeoutError:
+            print(f"[FAIL] {name}, world size {world_size}: no answer after 60 s. A deadlock? Every rank must "
+                  f"call the same collectives in the same order.")
+            return False
+        for rank, r in enumerate(results):
+            where = f"[FAIL] {name}, world size {world_size}, rank {rank} (tokens per micro-batch {r['tokens']})"
+            if r["forwards"] != r["tokens"]:
+                print(f"{where}: the forward passes saw {r['forwards']} tokens; the exercise asks for one "
+                      f"forward and backward per micro-batch.")
+                return False
+            why = compare(r["want"], r["got"], rtol=1e-9, atol=1e-12)
+            if why:
+                print(f"{where}: .grad is not the gradient of the mean loss over every rank's tokens: {why}")
+                return False
+            syncs = sum(n == r["gradient_numbers"] for n in r["all_reduces"])
+            if syncs != 1:
+                print(f"{where}: DDP all-reduced the gradient {syncs} times in the step; with no_sync around "
+                      f"the first k − 1 = {k - 1} micro-batches it does so once, after the last.")
+                return False
+    print(f"[PASS] {name}: the whole batch's gradient on every rank, world sizes 2 and 3, "
+          f"one gradient all-reduce per step.")
+    return True
 
 
 # --- notebook 02: collectives ----------------------------------------------------------------------
@@ -435,13 +449,6 @@ def exercise_inputs(rank: int, world_size: int):
 
 # Notebook 02's exercises build collectives from messages: each is run with every collective refused.
 POINT_TO_POINT_ONLY = Rules(point_to_point_only=True)
-
-
-def check_reduce_scatter(student_fn) -> bool:
-    """``student_fn(tensor)`` in a ``.py`` file: this rank's chunk of the sum, from send/recv only;
-    checked against ``collectives.reduce_scatter`` (an all-reduce of torch's, then this rank's chunk)."""
-    return check_distributed(student_fn, collectives.reduce_scatter, exercise_inputs,
-                             name=_name(student_fn, "reduce_scatter"), rules=POINT_TO_POINT_ONLY)
 
 
 def ring_shift_expected(tensor: torch.Tensor) -> torch.Tensor:
@@ -465,7 +472,7 @@ def all_reduce_expected(tensor: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def check_halving_doubling(student_fn) -> bool:
+def check_recursive_doubling(student_fn) -> bool:
     """``student_fn(tensor)`` in a ``.py`` file: a recursive-doubling all-reduce (sum) for power-of-two
     world sizes, from send/recv only, one whole-tensor message per rank in each of the log2 p rounds;
     checked against ``dist.all_reduce`` on 2 and 4 ranks."""
@@ -473,89 +480,210 @@ def check_halving_doubling(student_fn) -> bool:
                   why="recursive doubling sends one message (the whole tensor) per round: log2 p in all "
                       "(1 on 2 ranks, 2 on 4)")
     return check_distributed(student_fn, all_reduce_expected, exercise_inputs, world_sizes=(2, 4),
-                             name=_name(student_fn, "halving_doubling_all_reduce"), rules=rules)
+                             name=_name(student_fn, "recursive_doubling_all_reduce"), rules=rules)
+
+
+def halving_inputs(rank: int, world_size: int):
+    """Each rank's input for recursive halving: 4p + 1 numbers, chunks of unequal length, and room
+    between every chunk but one's own and the whole tensor (so sending a little too much is caught)."""
+    g = torch.Generator().manual_seed(200 + rank)
+    return (torch.randn(4 * world_size + 1, generator=g),)
+
+
+def all_but_own_chunk(input_numbers: int, rank: int, world_size: int) -> int:
+    """How many numbers recursive halving sends in all: every chunk (``tensor_split``) but one's own."""
+    return input_numbers - len(torch.empty(input_numbers).tensor_split(world_size)[rank])
+
+
+def check_recursive_halving(student_fn) -> bool:
+    """``student_fn(tensor)`` in a ``.py`` file: a reduce-scatter by recursive halving for power-of-two
+    world sizes: this rank's chunk (``tensor_split(p)[rank]``) of the sum, from send/recv only, in
+    log2 p rounds of one message each, sending every chunk but its own exactly once in all (each round
+    the half of the remaining chunks the partner keeps). Checked against ``collectives.reduce_scatter``
+    (an all-reduce of torch's, then this rank's chunk) on 2 and 4 ranks."""
+    rules = Rules(point_to_point_only=True, sends={2: 1, 4: 2}, sent_below_input=True,
+                  sent_numbers=all_but_own_chunk,
+                  why="recursive halving sends one message per round, log2 p in all (1 on 2 ranks, 2 on 4), "
+                      "each the half of the remaining chunks that the partner keeps: every chunk but your own "
+                      "in all, each once")
+    return check_distributed(student_fn, collectives.reduce_scatter, halving_inputs, world_sizes=(2, 4),
+                             name=_name(student_fn, "recursive_halving_reduce_scatter"), rules=rules)
 
 
 # --- notebook 03: data parallelism ----------------------------------------------------------------
 
-def _ddp_buckets(sizes_bytes, first_cap_bytes, cap_bytes):
-    first = data_parallel.assign_buckets(sizes_bytes, first_cap_bytes)[0]
-    rest = data_parallel.assign_buckets(sizes_bytes[len(first):], cap_bytes) if len(first) < len(sizes_bytes) else []
-    return [first] + [[len(first) + i for i in b] for b in rest]
+def ddp_all_reduces(sizes_bytes, bucket_cap_mb, steps, k, no_sync):
+    """The payload in bytes of every all-reduce torch's DDP issues, in order, for ``steps`` optimizer
+    steps of ``k`` micro-batches each (``no_sync`` around the first k - 1 of each step or not), when
+    backward produces gradients of ``sizes_bytes`` in that order. The first backward that
+    synchronizes sends one bucket of every gradient; DDP then rebuilds its buckets in the order the
+    gradients arrived, the first closed at 1 MiB when ``bucket_cap_mb`` is None (not given, 25 MiB
+    for the others), else every one at ``bucket_cap_mb``. Checked against DDP itself in
+    tests/test_data_parallel.py."""
+    cap = int((25 if bucket_cap_mb is None else bucket_cap_mb) * 2**20)
+    first_cap = 2**20 if bucket_cap_mb is None else cap
+    first = data_parallel.assign_buckets(sizes_bytes, first_cap)[0]
+    rest = data_parallel.assign_buckets(sizes_bytes[len(first):], cap) if len(first) < len(sizes_bytes) else []
+    rebuilt = [sum(sizes_bytes[i] for i in first)] + [sum(sizes_bytes[len(first) + i] for i in b) for b in rest]
+    sent = []
+    for _ in range(steps):
+        for micro in range(k):
+            if no_sync and micro < k - 1:
+                continue  # inside no_sync: backward only accumulates
+            sent += rebuilt if sent else [sum(sizes_bytes)]
+    return sent
 
 
-def check_ddp_buckets(student_fn) -> bool:
-    """``student_fn(sizes_bytes, first_cap_bytes, cap_bytes)``: the buckets (indices, in the order the
-    gradients are ready) when the first bucket closes at ``first_cap_bytes`` and every other at ``cap_bytes``."""
-    cases = [([4, 4, 4, 4], 4, 8), ([10, 1, 1, 1], 8, 8), ([3, 3, 3], 1, 100), ([5, 3, 7, 1, 8, 2], 2, 8),
-             ([1], 1, 1), ([2, 2, 2, 2, 2], 3, 5), ([1, 1, 1, 1, 1, 1], 100, 2)]
-    return check(student_fn, _ddp_buckets, cases, name=_name(student_fn, "ddp_buckets"))
+def check_ddp_all_reduces(student_fn) -> bool:
+    """``student_fn(sizes_bytes, bucket_cap_mb, steps, k, no_sync)``: the payload of every all-reduce
+    DDP issues, in bytes, in order (see :func:`ddp_all_reduces`)."""
+    mlp_sizes = [40, 20480, 2048, 1048576, 2048, 1048576, 2048, 1048576, 2048, 131072]  # hidden 512, depth 4
+    cases = [(mlp_sizes, None, 2, 1, False), (mlp_sizes, 1, 3, 4, True), (mlp_sizes, 1, 2, 3, False),
+             (mlp_sizes, 25, 2, 2, False), ([2**20] * 3 + [10], 0.5, 2, 2, True),
+             ([300_000, 600_000, 900_000], None, 1, 1, False), ([4, 4, 4], 1e-5, 2, 1, False)]
+    return check(student_fn, ddp_all_reduces, cases, name=_name(student_fn, "ddp_all_reduces"))
 
 
-def _sync_time(sizes_bytes, cap_bytes, world_size, alpha_s, busbw_GBps):
-    naive = sum(costmodel.ring_all_reduce_time(n, world_size, alpha_s, busbw_GBps) for n in sizes_bytes)
-    buckets = data_parallel.assign_buckets(sizes_bytes, cap_bytes)
-    bucketed = sum(costmodel.ring_all_reduce_time(sum(sizes_bytes[i] for i in b), world_size, alpha_s, busbw_GBps)
-                   for b in buckets)
-    return naive, bucketed
+def exposed_time(ready_s, sizes_bytes, cap_bytes, world_size, alpha_s, busbw_GBps):
+    """Seconds of communication left after backward, by the α-β model, for the bucketed wrapper: the
+    buckets of ``data_parallel.assign_buckets`` (gradients of ``sizes_bytes`` ready at ``ready_s``,
+    both in backward's order), each all-reduced once its last gradient is ready and the bucket
+    before it is done, one at a time; the end of the last minus the last gradient's time."""
+    end = 0.0
+    for bucket in data_parallel.assign_buckets(sizes_bytes, cap_bytes):
+        start = max(end, max(ready_s[i] for i in bucket))
+        end = start + costmodel.ring_all_reduce_time(sum(sizes_bytes[i] for i in bucket), world_size, alpha_s,
+                                                     busbw_GBps)
+    return max(0.0, end - max(ready_s))
 
 
-def check_sync_time(student_fn) -> bool:
-    """``student_fn(sizes_bytes, cap_bytes, world_size, alpha_s, busbw_GBps)``: seconds of ring all-reduce
-    for one step, ``(naive, bucketed)``: one all-reduce per tensor, against one per bucket of
-    ``data_parallel.assign_buckets``; busbw in GB/s of 1e9 bytes."""
-    mlp_sizes = [40, 10 * 512 * 4, 2048, 512 * 512 * 4, 2048, 512 * 512 * 4, 2048, 512 * 64 * 4]
-    cases = [(mlp_sizes, 25 * 2**20, 2, 50e-6, 1.0), (mlp_sizes, 2**20, 8, 5e-6, 100.0),
-             ([4] * 100, 400, 4, 1e-5, 10.0), ([10**9], 10**6, 16, 2e-5, 200.0)]
-    return check(student_fn, _sync_time, cases, name=_name(student_fn, "sync_time"), rtol=1e-9, atol=1e-15)
+def check_exposed_time(student_fn) -> bool:
+    """``student_fn(ready_s, sizes_bytes, cap_bytes, world_size, alpha_s, busbw_GBps)``: the seconds of
+    all-reduce left after the last gradient is ready (see :func:`exposed_time`)."""
+    mlp_sizes = [40, 20480, 2048, 1048576, 2048, 1048576, 2048, 1048576, 2048, 131072]  # hidden 512, depth 4
+    even = [2e-4 * (i + 1) for i in range(len(mlp_sizes))]  # a 2 ms backward
+    cases = [(even, mlp_sizes, 2**20, 8, 5e-6, 100.0), (even, mlp_sizes, 1024, 8, 5e-6, 100.0),
+             (even, mlp_sizes, 25 * 2**20, 2, 50e-6, 1.0), (even, mlp_sizes, 2**20, 2, 100e-6, 0.5),
+             ([0.001, 0.002, 0.010], [4e6, 4e6, 4e6], 4e6, 4, 1e-5, 10.0)]
+    return check(student_fn, exposed_time, cases, name=_name(student_fn, "exposed_time"), rtol=1e-9, atol=1e-15)
 
 
 # --- notebook 05: power iteration ------------------------------------------------------------------
 
-def _random_matrices(shapes):
-    g = torch.Generator().manual_seed(0)
-    return [torch.randn(*s, generator=g) for s in shapes]
+def _nearly_dependent(n: int, r: int, condition: float, seed: int) -> torch.Tensor:
+    """An (n, r) float64 matrix whose singular values fall from 1 to 1/condition: nearly dependent
+    columns, as the products of power iteration become without orthogonalization (notebook 05)."""
+    g = torch.Generator().manual_seed(seed)
+    U = torch.linalg.qr(torch.randn(n, r, generator=g, dtype=torch.float64)).Q
+    V = torch.linalg.qr(torch.randn(r, r, generator=g, dtype=torch.float64)).Q
+    s = torch.logspace(0, -math.log10(condition), r, dtype=torch.float64)
+    return U @ torch.diag(s) @ V.T
 
 
-def check_orthogonalize(student_fn) -> bool:
-    """``student_fn(matrices)`` orthonormalizes the columns in place, like ``lowrank.orthogonalize_``."""
-    cases = [(m,) for m in _random_matrices([(6, 1), (20, 3), (4, 30, 2)])]
-    zero = torch.randn(8, 3, generator=torch.Generator().manual_seed(1))
-    zero[:, 1] = 0
-    cases.append((zero,))
+# torch's, numpy's and scipy's factorizations, each of which hands over an orthonormal basis (or, for
+# Cholesky, the triangle that gives one): what the exercise asks to write
+_FACTORIZATIONS = [(torch.linalg, "qr"), (torch.linalg, "svd"), (torch.linalg, "eigh"), (torch.linalg, "eig"),
+                   (torch.linalg, "householder_product"), (torch.linalg, "pinv"), (torch, "qr"), (torch, "svd"),
+                   (torch, "geqrf"), (torch, "orgqr"), (torch, "svd_lowrank"), (torch, "pca_lowrank"),
+                   (torch.Tensor, "qr"), (torch.Tensor, "svd"), (torch.Tensor, "geqrf"), (torch.Tensor, "orgqr"),
+                   (np.linalg, "qr"), (np.linalg, "svd"), (np.linalg, "eig"), (np.linalg, "eigh"),
+                   (np.linalg, "cholesky")]
+try:
+    import scipy.linalg as _scipy_linalg
+except ImportError:  # scipy is optional: nothing of it to refuse then
+    _scipy_linalg = None
+else:
+    _FACTORIZATIONS += [(_scipy_linalg, name) for name in ("qr", "svd", "eig", "eigh", "cholesky", "orth", "polar",
+                                                           "qr_multiply", "rq", "null_space")]
+_WHERE = {torch.linalg: "torch.linalg", torch: "torch", torch.Tensor: "Tensor", np.linalg: "numpy.linalg",
+          _scipy_linalg: "scipy.linalg"}
 
-    def in_place(fn):  # what counts is the tensor after the call, whatever the function returns
-        return lambda m: (fn(m), m)[1]
 
-    return check(in_place(student_fn), in_place(lowrank.orthogonalize_), cases, name=_name(student_fn, "orthogonalize"))
+def _refusing(student_fn, refused, why, allowed=lambda *args, **kwargs: False):
+    """``student_fn`` with each ``(owner, attr)`` of ``refused`` replaced while it runs by a function
+    that raises NotAllowed (``why`` ends the message) unless ``allowed(*args, **kwargs)``; every
+    original is put back afterwards, even after a refusal."""
+    def run(*args):
+        saved = [(owner, attr, getattr(owner, attr)) for owner, attr in refused]
+
+        def refuse(name, original):
+            def refused_fn(*a, **kw):
+                if allowed(*a, **kw):
+                    return original(*a, **kw)
+                raise NotAllowed(f"{name} {why}")
+            return refused_fn
+
+        for owner, attr, original in saved:
+            setattr(owner, attr, refuse(f"{_WHERE.get(owner, getattr(owner, '__name__', owner))}.{attr}", original))
+        try:
+            return student_fn(*args)
+        finally:
+            for owner, attr, original in saved:
+                setattr(owner, attr, original)
+    return run
 
 
-def _power_step_view(out) -> dict:
-    """What every right ``(P, Q_new)`` shares, whatever the signs of P's columns (Gram-Schmidt and
-    ``torch.linalg.qr`` differ there): the shapes, PᵀP (the identity: orthonormal columns), P Pᵀ (the
-    projection onto the columns of M Q: the right subspace) and P Q_newᵀ (= P Pᵀ M, the approximation)."""
-    if not (isinstance(out, (tuple, list)) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)):
-        raise TypeError(f"return (P, Q_new), a pair of tensors; got {_short(out)}")
-    P, Q_new = out
-    view = {"shapes": f"P {tuple(P.shape)}, Q_new {tuple(Q_new.shape)}", "PᵀP": None, "P Pᵀ": None, "P Q_newᵀ": None}
-    if P.dim() == 2 and Q_new.dim() == 2 and P.shape[1] == Q_new.shape[1]:
-        view.update({"PᵀP": P.T @ P, "P Pᵀ": P @ P.T, "P Q_newᵀ": P @ Q_new.T})
+def _without_factorizations(student_fn):
+    return _refusing(student_fn, _FACTORIZATIONS,
+                     "does the work this exercise asks for: write it with products, norms and sums")
+
+
+def _basis_view(X: torch.Tensor, P) -> dict:
+    """What every right answer shares, whatever its signs or its choice of basis: the shape and dtype,
+    orthonormal columns to 1e-12, and the columns of X inside their span to 1e-12 of ‖X‖."""
+    if not isinstance(P, torch.Tensor):
+        raise TypeError(f"return P, a tensor; got {_short(P)}")
+    view = {"shape and dtype": f"{tuple(P.shape)} {P.dtype}", "‖PᵀP − I‖ ≤ 1e-12": False,
+            "‖X − P PᵀX‖ ≤ 1e-12 ‖X‖": False}
+    if P.shape == X.shape and P.dtype == X.dtype and bool(torch.isfinite(P).all()):
+        eye = torch.eye(P.shape[1], dtype=P.dtype)
+        view["‖PᵀP − I‖ ≤ 1e-12"] = torch.linalg.matrix_norm(P.T @ P - eye).item() <= 1e-12
+        view["‖X − P PᵀX‖ ≤ 1e-12 ‖X‖"] = (torch.linalg.matrix_norm(X - P @ (P.T @ X))
+                                            <= 1e-12 * torch.linalg.matrix_norm(X)).item()
     return view
 
 
-def _power_step_qr(M: torch.Tensor, Q: torch.Tensor):
-    """The reference, another way: torch's QR (Householder) in place of Gram-Schmidt."""
-    P = torch.linalg.qr(M @ Q).Q
-    return P, M.T @ P
+def check_stable_orthogonalize(student_fn) -> bool:
+    """``student_fn(X)`` returns P (n x r, X's dtype): orthonormal columns spanning those of X, to
+    1e-12 in float64, even when X's columns are nearly dependent (condition numbers 1e8 and 1e10,
+    where one pass of Gram-Schmidt leaves PᵀP 1e-9 to 1e-6 from the identity). torch's factorizations
+    (qr, svd, eigh, ...) are refused while it runs."""
+    g = torch.Generator().manual_seed(0)
+    cases = [(torch.randn(20, 3, generator=g, dtype=torch.float64),),
+             (torch.randn(50, 6, generator=g, dtype=torch.float64),),
+             (_nearly_dependent(60, 6, 1e10, seed=1),),
+             (_nearly_dependent(8, 8, 1e8, seed=2),)]
+    return check(lambda X: _basis_view(X, _without_factorizations(student_fn)(X.clone())),  # X itself kept
+                 lambda X: _basis_view(X, torch.linalg.qr(X).Q), cases,
+                 name=_name(student_fn, "stable_orthogonalize"))
 
 
-def check_power_step(student_fn) -> bool:
-    """``student_fn(M, Q)`` returns ``(P, Q_new)``: one step of subspace iteration. P may be any
-    orthonormal basis of the columns of M Q (so ``L.orthogonalize_`` and ``torch.linalg.qr`` both do):
-    compared are PᵀP, P Pᵀ and P Q_newᵀ, which do not depend on the signs of P's columns."""
-    cases = [tuple(_random_matrices([(30, 20), (20, 2)])), tuple(_random_matrices([(16, 40), (40, 3)]))]
-    return check(lambda M, Q: _power_step_view(student_fn(M, Q)), lambda M, Q: _power_step_view(_power_step_qr(M, Q)),
-                 cases, name=_name(student_fn, "power_step"), rtol=1e-4, atol=1e-5)
+def _rank1_error_measured(s: torch.Tensor, c: torch.Tensor, k: int) -> float:
+    """The reference, another way than a formula: build M = U diag(s) Vᵀ with random orthonormal U
+    and V, start from q = V c, run k steps of ``lowrank.power_iteration`` and measure the error."""
+    g = torch.Generator().manual_seed(7)
+    n = len(s)
+    U = torch.linalg.qr(torch.randn(n + 3, n, generator=g, dtype=torch.float64)).Q
+    V = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=torch.float64)).Q
+    M = U @ torch.diag(s.double()) @ V.T
+    P, Q = lowrank.power_iteration(M, 1, k, q=(V @ c.double()).unsqueeze(1))
+    return lowrank.relative_error(M, P, Q)
+
+
+def check_rank1_error(student_fn) -> bool:
+    """``student_fn(s, c, k)``: the relative error ‖M − P Qᵀ‖ / ‖M‖ of k rank-1 power steps, from M's
+    singular values ``s`` (descending), the start's coordinates ``c`` on M's right singular vectors
+    (q = Σ cᵢ vᵢ) and k, compared with k steps run on a matrix with those singular values."""
+    t = lambda *v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+    decay = 0.8 ** torch.arange(12, dtype=torch.float64)
+    c = torch.randn(12, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    cases = [(t(3.0, 2.0, 1.0, 0.5), t(1.0, 1.0, 1.0, 1.0), 1),
+             (t(3.0, 2.0, 1.0, 0.5), t(1.0, 1.0, 1.0, 1.0), 2),
+             (t(3.0, 2.0, 1.0, 0.5), t(0.1, 1.0, 1.0, 1.0), 3),
+             (decay, c, 1), (decay, c, 4), (decay, c, 12),
+             (t(2.0, 1.5, 1.0), t(0.0, 1.0, 1.0), 5)]  # a start with nothing along v₁ never finds it
+    return check(student_fn, _rank1_error_measured, cases, name=_name(student_fn, "rank1_error"),
+                 rtol=1e-6, atol=1e-9)
 
 
 def _smallest_rank(M: torch.Tensor, max_error: float) -> int:
@@ -564,7 +692,8 @@ def _smallest_rank(M: torch.Tensor, max_error: float) -> int:
 
 def check_smallest_rank(student_fn) -> bool:
     """``student_fn(M, max_error)``: the smallest rank r whose *best* rank-r approximation has relative
-    error at most ``max_error``."""
+    error at most ``max_error``, from M's singular values. ``lowrank.svd_error`` (the notebook calls
+    it rank by rank) and ``lowrank.relative_error`` are refused while it runs."""
     g = torch.Generator().manual_seed(3)
     u, v = torch.linalg.qr(torch.randn(40, 40, generator=g, dtype=torch.float64))[0], \
         torch.linalg.qr(torch.randn(30, 30, generator=g, dtype=torch.float64))[0]
@@ -573,40 +702,85 @@ def check_smallest_rank(student_fn) -> bool:
     flat = torch.randn(40, 30, generator=g, dtype=torch.float64)
     # singular values 2^-i: the best rank-r error is 2^-r, almost exactly, so no bound sits on one of them
     cases = [(decaying, 0.45), (decaying, 0.1), (decaying, 1.5e-3), (flat, 0.5), (flat, 0.9)]
-    return check(student_fn, _smallest_rank, cases, name=_name(student_fn, "smallest_rank"))
+    student = _refusing(student_fn, [(lowrank, "svd_error"), (lowrank, "relative_error")],
+                        "is refused here: compute the error from the singular values (Eckart-Young)")
+    return check(student, _smallest_rank, cases, name=_name(student_fn, "smallest_rank"))
 
 
-def _largest_worth_rank(n: int, m: int, min_compression_rate: float) -> int:
-    return max([r for r in range(1, min(n, m) + 1) if lowrank.compression_ratio(n, m, r) > min_compression_rate],
-               default=0)
+def _larger_than_rank(r: int):
+    """Whether a factorization's arguments include a matrix with both sides larger than ``r``."""
+    def large(*args, **kwargs):
+        return any(hasattr(a, "shape") and len(a.shape) >= 2 and min(a.shape[-2:]) > r
+                   for a in (*args, *kwargs.values()))
+    return large
 
 
-def check_largest_worth_rank(student_fn) -> bool:
-    """``student_fn(n, m, min_compression_rate)``: the largest rank at which sending P and Q is more
-    than ``min_compression_rate`` times fewer numbers than M (0 if none)."""
-    cases = [(512, 512, 2), (1024, 64, 2), (64, 10, 2), (100, 100, 2), (10, 10, 8), (4096, 4096, 100)]
-    return check(student_fn, _largest_worth_rank, cases, name=_name(student_fn, "largest_worth_rank"))
+# every routine that hands over singular values or eigenvalues
+_SPECTRA = [(torch.linalg, n) for n in ("svd", "svdvals", "eig", "eigvals", "eigh", "eigvalsh", "matrix_norm", "norm",
+                                        "cond", "matrix_rank", "pinv")] + \
+    [(torch, n) for n in ("svd", "svd_lowrank", "pca_lowrank", "lobpcg")] + [(torch.Tensor, "svd")] + \
+    [(np.linalg, n) for n in ("svd", "eig", "eigvals", "eigh", "eigvalsh", "norm", "cond", "matrix_rank", "pinv")] + \
+    ([(_scipy_linalg, n) for n in ("svd", "svdvals", "eig", "eigvals", "eigh", "eigvalsh", "norm")]
+     if _scipy_linalg is not None else [])
+
+
+def _pq_singular_values(P: torch.Tensor, Q: torch.Tensor) -> torch.Tensor:
+    """The reference, the long way: the singular values of the n x m product itself, its top r."""
+    return torch.linalg.svdvals(P @ Q.mT)[: P.shape[1]]
+
+
+def check_pq_singular_values(student_fn) -> bool:
+    """``student_fn(P, Q)``: the r singular values of ``P Qᵀ`` (descending, a float64 tensor), for P
+    with orthonormal columns as power iteration returns it, without factorizing any matrix whose
+    two sides both exceed r (no SVD of the n x m product): those calls are refused while it runs.
+    Cases after 1 and 2 iterations, where Q's columns are not yet orthogonal."""
+    g = torch.Generator().manual_seed(5)
+    cases = []
+    for n, m, r, k in ((30, 20, 1, 1), (30, 20, 2, 1), (40, 25, 3, 2), (25, 40, 4, 1), (50, 50, 3, 1)):
+        U = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=torch.float64)).Q
+        V = torch.linalg.qr(torch.randn(m, m, generator=g, dtype=torch.float64)).Q
+        s = 0.7 ** torch.arange(min(n, m), dtype=torch.float64)
+        M = U[:, : len(s)] @ torch.diag(s) @ V[:, : len(s)].T
+        cases.append(tuple(lowrank.power_iteration(M, r, k, generator=g)))
+    large = {r: _larger_than_rank(r) for r in range(1, 5)}
+
+    def student(P, Q):
+        return _refusing(student_fn, _SPECTRA, f"is refused on a matrix larger than r x r here: P Qᵀ is "
+                         f"{P.shape[0]} x {Q.shape[0]}, and the point is not to factorize it",
+                         allowed=lambda *a, **kw: not large[P.shape[1]](*a, **kw))(P, Q)
+    return check(student, _pq_singular_values, cases, name=_name(student_fn, "pq_singular_values"),
+                 rtol=1e-9, atol=1e-12)
 
 
 # --- notebook 06: PowerSGD -------------------------------------------------------------------------
-
-def check_should_compress(student_fn) -> bool:
-    """``student_fn(n, m, r, min_compression_rate)`` is True when PowerSGD compresses an n x m matrix."""
-    cases = [(512, 512, 2, 2), (10, 512, 4, 2), (512, 1, 1, 2), (100, 100, 25, 2), (100, 100, 24, 2), (64, 64, 8, 3)]
-    return check(student_fn, lambda n, m, r, rate: powersgd.should_compress(n, m, r, rate)[0], cases,
-                 name=_name(student_fn, "should_compress"))
-
 
 def _rank1(X):  # a deterministic rank-1 compressor: two power steps from a fixed seed
     P, Q = lowrank.power_iteration(X, 1, 2, generator=torch.Generator().manual_seed(0))
     return P @ Q.T
 
 
-def check_error_feedback_step(student_fn) -> bool:
-    """``student_fn(grad, error, compress)`` returns ``(sent, new_error)``, as ``powersgd.error_feedback_step``."""
-    cases = [(torch.randn(6, 5, generator=torch.Generator().manual_seed(s)),
-              torch.randn(6, 5, generator=torch.Generator().manual_seed(s + 10)) * 0.1, _rank1) for s in range(3)]
-    return check(student_fn, powersgd.error_feedback_step, cases, name=_name(student_fn, "error_feedback_step"))
+def _mean_and_own_buffer(grads, compress):
+    """The reference: every worker's buffer kept as the hook keeps it (what it put in, its gradient
+    plus its buffer, minus the compression of the average of what all put in), from zero; then the
+    mean of the buffers and worker 0's own."""
+    errors = [torch.zeros_like(g) for g in grads[0]]
+    for step in grads:
+        corrected = [g + e for g, e in zip(step, errors)]
+        update = compress(sum(corrected) / len(corrected))
+        errors = [c - update for c in corrected]
+    return sum(errors) / len(errors), errors[0]
+
+
+def check_mean_and_own_buffer(student_fn) -> bool:
+    """``student_fn(grads, compress)``: ``grads[t][i]`` is worker i's gradient at compressed step t;
+    returns ``(mean of the workers' error buffers, worker 0's buffer)`` after the last step."""
+    def case(workers, steps, seed):
+        g = torch.Generator().manual_seed(seed)
+        shared = torch.randn(6, 5, generator=g)  # the workers' gradients share a part, as real ones do
+        return [[shared + 0.5 * torch.randn(6, 5, generator=g) for _ in range(workers)] for _ in range(steps)], _rank1
+
+    cases = [case(2, 1, 0), case(2, 3, 1), case(3, 4, 2), case(4, 5, 3)]
+    return check(student_fn, _mean_and_own_buffer, cases, name=_name(student_fn, "mean_and_own_buffer"))
 
 
 def _numbers_per_step(shapes, r: int, min_compression_rate: float) -> int:
@@ -615,41 +789,231 @@ def _numbers_per_step(shapes, r: int, min_compression_rate: float) -> int:
 
 def check_numbers_per_step(student_fn) -> bool:
     """``student_fn(shapes, r, min_compression_rate)``: the numbers PowerSGD sends per compressed step
-    for parameters of these shapes (biases and matrices not worth compressing go as they are)."""
+    for parameters of these shapes, each viewed as rows x everything else (a vector as n x 1), as
+    the hooks send them."""
     mlp512 = [(512, 64), (512,), (512, 512), (512,), (10, 512), (10,)]
-    cases = [(mlp512, 2, 2), (mlp512, 1, 2), (mlp512, 64, 2), ([(16, 3, 3, 3), (16,)], 1, 2), ([(4, 4)], 1, 1)]
+    conv = [(16, 3, 3, 3), (16,), (10, 64), (10,)]
+    cases = [(mlp512, 2, 2), (mlp512, 1, 2), (mlp512, 64, 2), (conv, 1, 2), ([(4, 4)], 1, 1),
+             (mlp512, 2, 0), (conv, 4, 0.5), (conv, 2, 0.92)]  # below 1, vectors go as n x 1 matrices
     return check(student_fn, _numbers_per_step, cases, name=_name(student_fn, "numbers_per_step"))
+
+
+def _memory_per_rank(shapes, r: int, min_compression_rate: float, use_error_feedback: bool, warm_start: bool) -> int:
+    """The reference: an error as large as the gradient (every parameter, compressed or not), and a
+    Q (columns x rank) for each tensor that is compressed."""
+    total = sum(math.prod(s) for s in shapes) if use_error_feedback else 0
+    for shape in shapes:
+        numel = math.prod(shape)
+        if warm_start and len(shape) > 0 and numel > 0:
+            n, m = shape[0], numel // shape[0]
+            rank = min(n, m, r)
+            if powersgd.should_compress(n, m, rank, min_compression_rate)[0]:
+                total += m * rank
+    return total
+
+
+def check_memory_per_rank(student_fn) -> bool:
+    """``student_fn(shapes, r, min_compression_rate, use_error_feedback, warm_start)``: how many numbers
+    PowerSGD keeps on each rank from one compressed step to the next."""
+    mlp512 = [(512, 64), (512,), (512, 512), (512,), (10, 512), (10,)]
+    conv = [(16, 3, 3, 3), (16,), (10, 64), (10,)]
+    cases = [(mlp512, 2, 2, True, True), (mlp512, 4, 2, True, False), (mlp512, 1, 2, False, True),
+             (conv, 2, 2, True, True), (conv, 8, 2, False, True), (mlp512, 2, 0, False, True),
+             (mlp512, 2, 2, False, False)]
+    return check(student_fn, _memory_per_rank, cases, name=_name(student_fn, "memory_per_rank"))
+
+
+# --- notebook 07: PowerSGD in practice -----------------------------------------------------------
+
+class PowerSGDHookState:
+    """What the PowerSGD-hook exercise hands the student's hook.
+
+    ``matrix_approximation_rank`` (r), two dicts for the memory, keyed as the student likes
+    (``error_dict``: error feedback; ``q_memory_dict``: last step's Q's, for warm start), and
+    :meth:`fresh_qs`, which draws the first Q's of a bucket as ``powersgd.powerSGD_hook`` draws them
+    (one seed per bucket from a generator seeded alike on every rank), so that the two hooks can be
+    compared number for number.
+    """
+
+    def __init__(self, matrix_approximation_rank: int = 2, random_seed: int = 0):
+        self.matrix_approximation_rank = matrix_approximation_rank
+        self.error_dict: dict = {}
+        self.q_memory_dict: dict = {}
+        self.rng = np.random.RandomState(random_seed)
+
+    def fresh_qs(self, shapes, dtype=torch.float32) -> list[torch.Tensor]:
+        """One Gaussian Q per shape (``(m, r)`` for an n x m matrix), for the matrices of one bucket,
+        in the order of ``bucket.gradients()``: call it once per bucket, at its first compressed step."""
+        return powersgd._fresh_q(self, [tuple(shape) for shape in shapes], dtype, "cpu")
+
+
+@dataclass
+class _HookRun:  # the student's hook, its state, and the step DDP is at (plain all-reduce before start)
+    hook: object
+    state: PowerSGDHookState
+    start: int
+    step: int = 0
+
+
+def _student_after_start(run: _HookRun, bucket):
+    if run.step < run.start:
+        return hooks.allreduce_fut(None, bucket.buffer())
+    return run.hook(run.state, bucket)
+
+
+_HOOK_EXERCISE = dict(hidden=32, bucket_cap_mb=0.004, rank=2, start=2, steps=6, lr=0.2, batch_size=64)
+
+
+def _hook_exercise_worker(rank: int, world_size: int, student_hook) -> dict:
+    """Train the same model twice, under the course's ``powerSGD_hook`` and under the student's;
+    the parameters after each step, both ways."""
+    c = _HOOK_EXERCISE
+    x, y, _, _ = digits_tensors(seed=0)
+    out = {}
+    for who in ("reference", "student"):
+        model = DDP(mlp(hidden=c["hidden"], seed=0), bucket_cap_mb=c["bucket_cap_mb"])
+        if who == "reference":
+            state = powersgd.PowerSGDState(matrix_approximation_rank=c["rank"], start_powerSGD_iter=c["start"])
+            model.register_comm_hook(state, powersgd.powerSGD_hook)
+        else:
+            run = _HookRun(student_hook, PowerSGDHookState(c["rank"]), c["start"])
+            model.register_comm_hook(run, _student_after_start)
+        opt = torch.optim.SGD(model.parameters(), lr=c["lr"])
+        params = []
+        for step in range(c["steps"]):
+            if who == "student":
+                run.step = step
+            idx = batch_slice(step, c["batch_size"], len(x), rank, world_size)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+            opt.step()
+            params.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+        out[who] = params
+    return out
+
+
+def check_powersgd_hook(student_fn) -> bool:
+    """``student_fn(state, bucket)``: a DDP communication hook doing PowerSGD with error feedback
+    and warm start (``state`` is a :class:`PowerSGDHookState`). It trains an MLP on 2 gloo ranks
+    (two buckets, rank 2, plain all-reduce for steps 0 and 1, then 4 compressed steps) and must
+    leave the parameters of ``powersgd.powerSGD_hook`` after every step, to 1e-4 relative."""
+    name = _name(student_fn, "my_powersgd_hook")
+    c, world_size = _HOOK_EXERCISE, 2
+    try:
+        results = spawn(_hook_exercise_worker, world_size, student_fn, backend="gloo", timeout_s=60)
+    except WorkerError as e:
+        if e.exc_type == "NotImplementedError":
+            print(f"[not yet] {name}: replace the `raise NotImplementedError` with your code, save the file, "
+                  f"then run this again.")
+        else:
+            print(f"[FAIL] {name}: rank {e.rank} raised {e.exc_type}: {e.message}")
+        return False
+    except TimeoutError:
+        print(f"[FAIL] {name}: no answer after 60 s. A deadlock? Every rank must call the same collectives "
+              f"in the same order.")
+        return False
+    for rank, out in enumerate(results):
+        for step, (expected, got) in enumerate(zip(out["reference"], out["student"])):
+            why = compare(expected, got, rtol=1e-4, atol=1e-6)
+            if why:
+                kind = "a plain all-reduce step" if step < c["start"] else f"compressed step {step - c['start'] + 1}"
+                print(f"[FAIL] {name}, rank {rank}: the parameters after step {step} ({kind}) differ from "
+                      f"powersgd.powerSGD_hook's: {why}")
+                return False
+    print(f"[PASS] {name}: the same parameters as powersgd.powerSGD_hook after each of {c['steps']} steps "
+          f"({c['steps'] - c['start']} compressed) on {world_size} ranks.")
+    return True
 
 
 # --- notebook 08: compression ---------------------------------------------------------------------
 
-def _topk_allgather_bytes(numel: int, ratio: float, world_size: int) -> int:
-    k = max(1, math.ceil(ratio * numel))
-    return (world_size - 1) * k * (4 + 4)
+def topk_inputs(rank: int, world_size: int):
+    """Each rank's input for notebook 08's top-k exercise: its own gradient (40 entries, alike enough
+    across ranks that some of their largest entries share indices and others do not) and k = 6."""
+    shared = torch.randn(40, generator=torch.Generator().manual_seed(299))
+    return (shared + 0.5 * torch.randn(40, generator=torch.Generator().manual_seed(300 + rank)), 6)
 
 
-def check_topk_allgather_bytes(student_fn) -> bool:
-    """``student_fn(numel, ratio, world_size)``: the bytes one rank *receives* when every rank
-    all-gathers its top-k payload (float32 values and int32 indices, k = ceil(ratio * numel), at least 1)."""
-    cases = [(85_002, 0.01, 2), (85_002, 0.01, 4), (85_002, 0.001, 3), (11_173_962, 0.001, 16), (10, 0.01, 8),
-             (1000, 1.0, 2)]
-    return check(student_fn, _topk_allgather_bytes, cases, name=_name(student_fn, "topk_allgather_bytes"))
+def topk_average_expected(tensor: torch.Tensor, k: int) -> torch.Tensor:
+    """The mean over ranks of each rank's top-k, another way than ``compression.TopK``: every rank's
+    whole tensor all-gathered, each kept at its k largest magnitudes found by a full sort."""
+    everyone = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, tensor)
+    out = torch.zeros_like(tensor)
+    for t in everyone:
+        keep = t.abs().argsort(descending=True)[:k]
+        out[keep] += t[keep]
+    return out / len(everyone)
 
 
-def _random_k(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    out = torch.zeros_like(x)
-    out[indices] = x[indices] * (x.numel() / indices.numel())
-    return out
+def check_topk_average(student_fn) -> bool:
+    """``student_fn(tensor, k)`` in a ``.py`` file: on every rank, the mean over the ranks of each
+    rank's top-k of its ``tensor`` (its k entries of largest magnitude, zeros elsewhere), exchanged as
+    values and indices; checked on 2 and 3 gloo ranks against ``topk_average_expected``."""
+    return check_distributed(student_fn, topk_average_expected, topk_inputs, name=_name(student_fn, "topk_average"))
 
 
-def check_random_k(student_fn) -> bool:
-    """``student_fn(x, indices)``: the unbiased random-k of flat ``x`` whose chosen entries are
-    ``indices`` (k distinct ones): zeros elsewhere."""
-    g = torch.Generator().manual_seed(6)
-    cases = []
-    for n, k in ((10, 3), (1000, 10), (7, 7), (64, 1)):
-        cases.append((torch.randn(n, generator=g), torch.randperm(n, generator=g)[:k]))
-    return check(student_fn, _random_k, cases, name=_name(student_fn, "random_k"))
+def _stochastic_round(x: torch.Tensor, levels: int, u: torch.Tensor) -> torch.Tensor:
+    """QSGD's rounding with one norm for all of ``x`` (``compression.QSGD``'s rule, bucket_size=None)."""
+    norm = x.norm()
+    if norm == 0:
+        return torch.zeros_like(x)
+    a = x.abs() / norm * levels
+    low = a.floor()
+    return torch.sign(x) * norm * (low + (u < a - low).to(x.dtype)) / levels
+
+
+def check_stochastic_rounding(student_fn, draws: int = 2000) -> bool:
+    """``student_fn(x, levels, u)``: each entry of flat ``x`` rounded to one of the levels
+    ``norm * sign(x) * l / levels`` (l = 0 ... levels, norm = ||x||) next to it, down or up as decided by
+    the uniform draw ``u`` (one per entry, in [0, 1)), so that the result is unbiased.
+
+    Checked two ways, not against one formula (``u < fraction`` and ``u >= 1 - fraction`` are both
+    right): in every one of ``draws`` draws each entry is one of its two neighbouring levels, with x's
+    sign; and the mean over the draws is x, within 5 standard errors of the rounding's own spread."""
+    name = _name(student_fn, "stochastic_round")
+    gen = torch.Generator().manual_seed(8)
+    cases = [(torch.randn(12, generator=gen), 15), (1e-3 * torch.randn(7, generator=gen), 3),
+             (torch.tensor([0.0, 3.0, -4.0, 0.5]), 1), (torch.zeros(5), 15)]
+    for i, (x, levels) in enumerate(cases):
+        norm = x.norm()
+        a = x.abs() / norm * levels if norm > 0 else torch.zeros_like(x)
+        step = (norm / levels).item()
+        low, high = torch.sign(x) * a.floor() * step, torch.sign(x) * a.ceil() * step
+        fraction = (a - a.floor()).double()
+        total = torch.zeros_like(x, dtype=torch.float64)
+        for _ in range(draws):
+            u = torch.rand(x.shape, generator=gen)
+            try:
+                got = student_fn(x.clone(), levels, u.clone())
+            except NotImplementedError:
+                print(f"[not yet] {name}: replace the `raise NotImplementedError` with your code, then run this again.")
+                return False
+            except Exception as e:
+                print(f"[FAIL] {name}, case {i} {_describe((x, levels))}: raised {type(e).__name__}: {e}")
+                return False
+            if not isinstance(got, torch.Tensor) or got.shape != x.shape:
+                print(f"[FAIL] {name}, case {i}: expected a tensor of shape {tuple(x.shape)}, got {_short(got)}")
+                return False
+            on_level = torch.isclose(got, low, rtol=1e-5, atol=1e-9) | torch.isclose(got, high, rtol=1e-5, atol=1e-9)
+            if not bool(on_level.all()):
+                j = int((~on_level).nonzero()[0])
+                print(f"[FAIL] {name}, case {i} {_describe((x, levels))}: entry {j} is {got[j].item():.6g}, not one "
+                      f"of its two neighbouring levels {low[j].item():.6g} and {high[j].item():.6g}")
+                return False
+            total += got.double()
+        mean = total / draws
+        tolerance = 5 * step * (fraction * (1 - fraction)).sqrt() / math.sqrt(draws) + 1e-6 * step
+        biased = (mean - x.double()).abs() > tolerance
+        if bool(biased.any()):
+            j = int(biased.nonzero()[0])
+            print(f"[FAIL] {name}, case {i} {_describe((x, levels))}: biased: entry {j} is {x[j].item():.6g}, but its "
+                  f"mean over {draws} draws of u is {mean[j].item():.6g} (the levels each side are "
+                  f"{low[j].item():.6g} and {high[j].item():.6g}: round up with the right probability)")
+            return False
+    print(f"[PASS] {name}: every entry on a neighbouring level, and unbiased over {draws} draws, "
+          f"in all {len(cases)} cases.")
+    return True
 
 
 def _dgc_step(g, u, v, momentum, k):
@@ -706,12 +1070,25 @@ def check_break_even_bandwidth(student_fn) -> bool:
                  rtol=1e-4, atol=0)
 
 
-def _all_gather_busbw(size_bytes: int, time_s: float, world_size: int) -> float:
-    return size_bytes / time_s / 1e9 * costmodel.bus_factor("all_gather", world_size)
+# The ring fits' cases: timings made from known (alpha s, busbw GB/s) on p ranks, one p per case; the
+# reference is those known numbers, not a fit.
+_RING_FIT_TRUTH = {2: (20e-6, 1.3), 3: (50e-6, 12.5), 4: (5e-6, 24.0), 8: (3e-6, 370.0)}
 
 
-def check_all_gather_busbw(student_fn) -> bool:
-    """``student_fn(size_bytes, time_s, world_size)``: nccl-tests' busbw (GB/s) of an all-gather that
-    moved ``size_bytes`` (the whole gathered buffer) in ``time_s``."""
-    cases = [(2**30, 0.5, 2), (2**30, 0.5, 8), (64 * 2**20, 1e-3, 4), (4096, 1e-5, 1)]
-    return check(student_fn, _all_gather_busbw, cases, name=_name(student_fn, "all_gather_busbw"))
+def _ring_fit_case(world_size: int) -> tuple:
+    alpha, busbw = _RING_FIT_TRUTH[world_size]
+    sizes = [4096 * 4**k for k in range(9)]  # 4 KB to 256 MB, as the notebook's sweep
+    times = [costmodel.ring_all_reduce_time(n, world_size, alpha, busbw) for n in sizes]
+    return sizes, times, world_size
+
+
+def _ring_fit_truth(sizes_bytes, times_s, world_size) -> tuple[float, float]:
+    return _RING_FIT_TRUTH[world_size]
+
+
+def check_ring_fit(student_fn) -> bool:
+    """``student_fn(sizes_bytes, times_s, world_size)``: ``(alpha_s, busbw_GBps)`` of the ring all-reduce
+    whose measured times these are, from a straight line fitted through them. The timings are made
+    from known numbers on 2, 3, 4 and 8 ranks; the answer must give those numbers back."""
+    cases = [_ring_fit_case(p) for p in (2, 3, 4, 8)]
+    return check(student_fn, _ring_fit_truth, cases, name=_name(student_fn, "ring_fit"), rtol=1e-6, atol=0)

@@ -6,24 +6,27 @@
   all-reduce the gradients, identical updates;
 * ``bucket_hook_future.png``: how DDP hands gradient buckets to a communication hook;
 * ``powersgd_factorization.png``: M ~ P Q^T, and what each costs to send;
-* ``ring_allreduce.png``: a ring all-reduce on 4 processes, recorded from the algorithm itself.
+* ``ring_allreduce.png``: a ring all-reduce on 4 processes, recorded from the algorithm itself: at each
+  step, the chunk every rank sends to its right neighbour.
 
 It also draws plots of a notebook's own results: ``plot_graph_states`` (notebook 01: the autograd
-graph at three moments), ``plot_ring_trace`` (notebook 02: a ring all-reduce traced live) and
+graph at each moment of a step), ``plot_ring_trace`` (what ``ring_allreduce.png`` draws, from any traced run) and
 ``plot_timeline`` (notebook 03: backward and all-reduces of one step, per rank, per wrapper).
 """
 
+import math
 import sys
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-from matplotlib.patches import FancyBboxPatch
+from matplotlib.legend_handler import HandlerTuple
+from matplotlib.patches import FancyBboxPatch, Patch
 
 from course_lib.launch import spawn
 from course_lib.support.demos import ring_trace
 
-__all__ = ["ddp_procedure", "bucket_hook_future", "powersgd_factorization", "ring_allreduce", "plot_ring_trace",
-           "plot_graph_states", "plot_timeline", "build_all"]
+__all__ = ["ddp_procedure", "bucket_hook_future", "powersgd_factorization", "ring_allreduce", "ring_sends",
+           "plot_ring_trace", "plot_graph_states", "plot_timeline", "build_all"]
 
 COLORS = {"param": "#9ecae1", "grad": "#fdae6b", "avg": "#a1d99b", "box": "#f0f0f0", "hook": "#fdd0a2"}
 
@@ -57,14 +60,13 @@ def ddp_procedure():
         _box(axes[1], 0.58, y, 0.38, 0.16, f"g{i} = ∇loss{i}", COLORS["grad"])
         _arrow(axes[1], (0.47, y + 0.08), (0.58, y + 0.08))
         _box(axes[2], 0.05, y, 0.3, 0.16, f"g{i}", COLORS["grad"])
-        _box(axes[2], 0.62, y, 0.34, 0.16, "(g0+g1+g2)/3", COLORS["avg"], 7)
+        _box(axes[2], 0.62, y, 0.34, 0.16, "ḡ = (g0+g1+g2)/3", COLORS["avg"], 7)
         _box(axes[3], 0.05, y, 0.9, 0.16, "θ ← θ − lr · ḡ", COLORS["param"])
     _box(axes[0], 0.02, 0.72, 0.3, 0.16, "θ (rank 0)", COLORS["param"])
     for y in ys:
         _arrow(axes[0], (0.32, 0.8), (0.55, y + 0.08))
     for y in ys:
         _arrow(axes[2], (0.35, y + 0.08), (0.62, y + 0.08))
-    axes[2].text(0.48, 0.02, "ring: every rank sends 2(p−1)/p of g", ha="center", fontsize=7)
     fig.tight_layout()
     return fig
 
@@ -78,21 +80,22 @@ def bucket_hook_future():
     _box(ax, 0.1, 2.6, 2.3, 0.9, "loss.backward()\ngradients appear\nlast layer first", COLORS["box"])
     _box(ax, 3.0, 2.9, 2.2, 0.6, "bucket 0: layer 3, 2", COLORS["grad"])
     _box(ax, 3.0, 2.0, 2.2, 0.6, "bucket 1: layer 1", COLORS["grad"])
-    _box(ax, 6.0, 2.4, 2.6, 1.0, "hook(state, bucket)\nstarts the collective:\nall-reduce, fp16, PowerSGD",
+    _box(ax, 6.3, 2.4, 2.6, 1.0, "hook(state, bucket)\nstarts the collective:\nall-reduce, or fp16 all-reduce",
          COLORS["hook"])
-    _box(ax, 9.3, 2.5, 2.5, 0.8, "Future[Tensor]\n= averaged bucket", COLORS["avg"])
-    _box(ax, 3.0, 0.4, 5.6, 0.9, "DDP waits for every bucket's future, copies the results into .grad", COLORS["box"])
-    _box(ax, 9.3, 0.4, 2.5, 0.9, "optimizer.step()", COLORS["param"])
+    _box(ax, 9.5, 2.5, 2.3, 0.8, "Future[Tensor]\n= averaged bucket", COLORS["avg"])
+    _box(ax, 3.0, 0.4, 5.9, 0.9, "DDP waits for every bucket's future, copies the results into .grad", COLORS["box"])
+    _box(ax, 9.5, 0.4, 2.3, 0.9, "optimizer.step()", COLORS["param"])
     _arrow(ax, (2.4, 3.05), (3.0, 3.2), "ready")
     _arrow(ax, (2.4, 2.9), (3.0, 2.3))
-    _arrow(ax, (5.2, 3.2), (6.0, 3.0), "in bucket order")
-    _arrow(ax, (5.2, 2.3), (6.0, 2.7))
-    _arrow(ax, (8.6, 2.9), (9.3, 2.9), "returns")
-    _arrow(ax, (10.5, 2.5), (7.5, 1.3))
-    _arrow(ax, (8.6, 0.85), (9.3, 0.85))
-    ax.text(0.1, 1.65, "a hook that returns at once (all-reduce, fp16) lets bucket 0's communication overlap the\n"
-            "backward pass of bucket 1; the course's PowerSGD hook waits for its all-reduces, so it does not",
-            fontsize=7, style="italic", va="center")
+    _arrow(ax, (5.2, 3.2), (6.3, 3.0))
+    _arrow(ax, (5.2, 2.3), (6.3, 2.7))
+    ax.text(5.72, 2.8, "in bucket\norder", fontsize=7, ha="center", va="center")
+    _arrow(ax, (8.9, 2.9), (9.5, 2.9), "returns")
+    _arrow(ax, (10.6, 2.5), (7.6, 1.3))
+    _arrow(ax, (8.9, 0.85), (9.5, 0.85))
+    ax.text(0.1, 1.65, "the hook returns at once: bucket 0's all-reduce runs while\n"
+            "backward goes on computing bucket 1's gradients",
+            fontsize=8, style="italic", va="center")
     fig.tight_layout()
     return fig
 
@@ -125,32 +128,91 @@ def ring_allreduce():
 
 # --- figures drawn from a notebook's own results --------------------------------------------------
 
-def plot_ring_trace(traces: list):
-    """Draw which ranks' data each chunk holds on each rank after each step of the ring all-reduce."""
+def ring_sends(traces: list) -> list[list[tuple[int, int, int]]]:
+    """Who sent which chunk to whom at each step of a traced ring all-reduce, read off the trace.
+
+    ``traces[rank]`` is :func:`course_lib.support.demos.ring_trace`'s list of states. The chunk a
+    step changed on a rank is the one it received; it came from the left neighbour, which sends the
+    chunk of the same index. Returns, per step, ``(sender, receiver, chunk)`` for every sender.
+    """
     p = len(traces)
+    sends = []
+    for step in range(1, len(traces[0])):
+        row = []
+        for receiver in range(p):
+            before, after = traces[receiver][step - 1][2], traces[receiver][step][2]
+            changed = [c for c in range(p) if before[c] != after[c]]
+            if len(changed) != 1:
+                raise ValueError(f"step {step}: rank {receiver} changed chunks {changed}, not exactly one")
+            row.append(((receiver - 1) % p, receiver, changed[0]))
+        sends.append(sorted(row))
+    return sends
+
+
+def plot_ring_trace(traces: list):
+    """One panel per step of a traced ring all-reduce: each rank's chunks after the step, and an
+    arrow from every rank to its right neighbour naming the chunk it sent in that step.
+
+    Rank r contributes 2**r to every chunk (:func:`course_lib.support.demos.ring_trace`), so a
+    chunk's value lists, in binary, the ranks whose data it holds.
+    """
+    p = len(traces)
+    sends = [[]] + ring_sends(traces)
     steps = len(traces[0])
-    fig, axes = plt.subplots(steps, 1, figsize=(1.1 * p * p + 1.5, 0.75 * steps + 0.6))
+    ncols = (steps + 1) // 2
+    fig, axes = plt.subplots(2, ncols, figsize=(4.8 * ncols, 9.6))
     cmap = plt.get_cmap("viridis", p + 1)
-    for row, ax in enumerate(axes):
-        phase, step, _ = traces[0][row]
-        for rank in range(p):
-            values = traces[rank][row][2].tolist()
-            for c, v in enumerate(values):
-                members = [r for r in range(p) if int(v) >> r & 1]
-                x = rank * (p + 1) + c
-                ax.add_patch(plt.Rectangle((x, 0), 0.95, 0.9, color=cmap(len(members))))
-                ax.text(x + 0.47, 0.45, "+".join(map(str, members)), ha="center", va="center", fontsize=7,
-                        color="white" if len(members) < p else "black")
-        label = "start" if phase == "start" else f"{phase}\nstep {step + 1}"
-        ax.text(-0.4, 0.45, label, ha="right", va="center", fontsize=8)
-        ax.set_xlim(-0.2, p * (p + 1))
-        ax.set_ylim(0, 1)
+    w, h = 0.62, 0.32  # one chunk's box
+    radius = 2.1
+    centre = [(radius * math.sin(2 * math.pi * r / p), radius * math.cos(2 * math.pi * r / p)) for r in range(p)]
+    for ax in axes.flat:
         ax.axis("off")
-    for rank in range(p):
-        axes[0].text(rank * (p + 1) + p / 2, 1.15, f"rank {rank}: chunks 0..{p - 1}", ha="center", fontsize=9)
-    fig.suptitle("Ring all-reduce, recorded from the algorithm: each box lists the ranks whose data a chunk holds",
-                 fontsize=10, y=1.0)
-    fig.subplots_adjust(left=0.16, hspace=0.15)
+    for i, ax in enumerate(axes.flat[:steps]):
+        phase, step, _ = traces[0][i]
+        received = {dst: c for _, dst, c in sends[i]}
+        for rank, (cx, cy) in enumerate(centre):
+            x0 = cx - p * w / 2
+            for c, v in enumerate(traces[rank][i][2].tolist()):
+                members = [r for r in range(p) if int(v) >> r & 1]
+                edge = ("#d62728", 2.6) if received.get(rank) == c else ("white", 0.5)
+                ax.add_patch(plt.Rectangle((x0 + c * w, cy - h / 2), w * 0.94, h, facecolor=cmap(len(members)),
+                                           edgecolor=edge[0], linewidth=edge[1]))
+                label = f"all {p}" if len(members) == p else "+".join(map(str, members))
+                ax.text(x0 + c * w + w * 0.47, cy, label, ha="center", va="center",
+                        fontsize=7, color="white" if len(members) < p else "black")
+                ax.text(x0 + c * w + w * 0.47, cy - h / 2 - 0.06, f"c{c}", ha="center", va="top", fontsize=6,
+                        color="#555555")
+            ax.text(cx, cy + h / 2 + 0.06, f"rank {rank}", ha="center", va="bottom", fontsize=9, weight="bold")
+        for src, dst, c in sends[i]:
+            (x1, y1), (x2, y2) = centre[src], centre[dst]
+            ax.annotate("", xy=(x1 + 0.72 * (x2 - x1), y1 + 0.72 * (y2 - y1)),
+                        xytext=(x1 + 0.28 * (x2 - x1), y1 + 0.28 * (y2 - y1)),
+                        arrowprops=dict(arrowstyle="-|>", color="#d62728", lw=1.6, connectionstyle="arc3,rad=-0.2"))
+            mx, my = (x1 + x2) / 2, (y1 + y2) / 2
+            norm = math.hypot(mx, my) or 1.0
+            ax.text(mx + 0.5 * mx / norm, my + 0.5 * my / norm, f"sends c{c}", ha="center", va="center",
+                    fontsize=8, color="#d62728")
+        title = "start: rank r holds its own data (r)" if phase == "start" else f"{phase}, step {step + 1}"
+        ax.set_title(title, fontsize=10)
+        ax.set_xlim(-radius - p * w / 2 - 0.1, radius + p * w / 2 + 0.1)
+        ax.set_ylim(-radius - 0.6, radius + 0.6)
+        ax.set_aspect("equal")
+    legend = axes.flat[steps] if steps < axes.size else None
+    if legend is not None:
+        legend.text(0.02, 0.5,
+                    f"{p} ranks in a ring, each tensor cut into {p} chunks (c0 … c{p - 1}).\n\n"
+                    f"Each box lists the ranks whose data the chunk holds\n"
+                    f"(yellow, \"all {p}\": the chunk is complete).\n"
+                    f"Red arrow: what each rank sends to its right\nneighbour in that step; "
+                    f"red edge: the chunk\nthat rank received (added to its own in\nreduce-scatter, "
+                    f"copied in all-gather).\n\n"
+                    f"After {p - 1} reduce-scatter steps rank r owns the\ncomplete chunk (r + 1) mod {p}; "
+                    f"{p - 1} all-gather\nsteps pass the complete chunks on.\n"
+                    f"Every rank sends 2({p}−1) chunks of n/{p}.",
+                    transform=legend.transAxes, va="center", fontsize=8.5)
+    fig.suptitle("Ring all-reduce, recorded from course_lib.collectives.ring_all_reduce on "
+                 f"{p} gloo processes", fontsize=11)
+    fig.tight_layout()
     return fig
 
 
@@ -179,7 +241,13 @@ def plot_timeline(outs: list[dict], kinds: tuple = ("naive", "bucket")):
                      fontsize=9)
         ax.grid(axis="x", alpha=0.3)
     axes[-1, 0].set_xlabel("time since the step started (ms)")
-    fig.tight_layout()
+    # the two shades of each colour only tell neighbouring bars apart: one legend entry per colour
+    shades = [tuple(Patch(color=c) for c in pair) for pair in (("#6baed6", "#2171b5"), ("#fd8d3c", "#d94801"))]
+    fig.legend(shades, ["backward: a gradient accumulated (the two shades alternate from bar to bar)",
+                        "an all-reduce (the two shades alternate from bar to bar)"],
+               handler_map={tuple: HandlerTuple(ndivide=None, pad=0)}, fontsize=8, loc="lower center", ncol=2,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig
 
 
@@ -207,7 +275,8 @@ def plot_graph_states(states: dict[str, dict]):
         ax.set_xlim(-0.15, 1.0)
         ax.set_ylim(0, 0.9)
         ax.axis("off")
-    fig.suptitle("The graph at three moments (green: .grad holds a gradient; yellow: .grad is None)", fontsize=10)
+    fig.suptitle(f"The graph at {len(states)} moments (green: .grad holds a gradient; yellow: .grad is None)",
+                 fontsize=10)
     fig.tight_layout()
     return fig
 

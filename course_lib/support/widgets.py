@@ -1,7 +1,8 @@
 """Interactive explorers for the notebooks (ipywidgets).
 
 ``rank_explorer`` puts a rank slider on a low-rank approximation: pick a matrix (a real gradient,
-a random matrix, a photograph), move the slider, and see the reconstruction, its error, the best
+a random matrix, a photograph), move the slider, and see the reconstruction, what it leaves out
+(the residual, on the original's colour scale), its error, the best
 error any rank-r approximation could have (the SVD's), and how much smaller P and Q are than M.
 """
 
@@ -48,8 +49,9 @@ def default_matrices(seed: int = 0) -> dict[str, torch.Tensor]:
 
 class RankExplorer(widgets.VBox):
     """The widget :func:`rank_explorer` returns: ``.rank`` (IntSlider), ``.matrix`` (Dropdown),
-    ``.text`` (HTML with the numbers) and ``.plot`` (an Image: the pictures, rendered to PNG in the
-    kernel, so they need no output capture and look the same in every front end)."""
+    ``.text`` (HTML with the numbers) and ``.plot`` (an Image: the original, P Q^T, the residual
+    M - P Q^T with its colour bar, and the error curve, rendered to PNG in the kernel, so they need
+    no output capture and look the same in every front end)."""
 
     def __init__(self, matrices: dict[str, torch.Tensor], rank: int = 4, max_rank: int = 64, iters: int = 4,
                  seed: int = 0):
@@ -94,6 +96,7 @@ class RankExplorer(widgets.VBox):
             "svd optimum": lowrank.svd_error(M, r),
             "compression": lowrank.compression_ratio(*M.shape, r),
             "reconstruction": P @ Q.mT,
+            "residual": M - P @ Q.mT,
         }
 
     def _update(self, change=None):
@@ -103,27 +106,42 @@ class RankExplorer(widgets.VBox):
             f"(power iteration, {self.iters} iterations) | SVD optimum {s['svd optimum']:.3f} | "
             f"compression {s['compression']:.1f}x"
         )
+        self.plot.value = _png(self.figure(s))
+
+    def figure(self, s: dict | None = None):
+        """The picture for the state ``s`` (default: the current one): the original, P Q^T, the
+        residual M - P Q^T with a colour bar, and the error against rank."""
+        s = self.numbers() if s is None else s
         M = self.matrices[self.matrix.value]
-        fig, axes = plt.subplots(1, 3, figsize=(12, 3.6), width_ratios=[1, 1, 1.3])
-        panels = [(axes[0], M, "original"), (axes[1], s["reconstruction"], f"P Q^T, rank {s['rank']}")]
+        fig, axes = plt.subplots(1, 4, figsize=(15, 3.6), width_ratios=[1, 1, 1.2, 1.3], layout="constrained")
         grey = "grey" in self.matrix.value
         # Signed matrices in red and blue, white at zero, saturated at the 90th percentile of |M|: a
         # gradient's few large entries would otherwise leave the rest of the picture white.
         v = torch.quantile(M.abs().flatten()[:: max(1, M.numel() // 100_000)], 0.9).item() or 1.0
-        for ax, img, title in panels:
-            ax.imshow(img.numpy(), cmap="gray" if grey else "RdBu_r", vmin=None if grey else -v,
-                      vmax=None if grey else v)
+        lo, hi = M.min().item(), M.max().item()
+        scale = dict(cmap="gray", vmin=lo, vmax=hi) if grey else dict(cmap="RdBu_r", vmin=-v, vmax=v)
+        for ax, img, title in ((axes[0], M, "original M"), (axes[1], s["reconstruction"], f"P Q^T, rank {s['rank']}")):
+            ax.imshow(img.numpy(), **scale)
             ax.set_title(title)
             ax.axis("off")
+        # The residual on the original's scale (a grey picture's residual is signed: red and blue over
+        # the same width as the picture's grey levels), so that its size against M's shows.
+        half = (hi - lo) / 2 or 1.0 if grey else v
+        im = axes[2].imshow(s["residual"].numpy(), cmap="RdBu_r", vmin=-half, vmax=half)
+        # the scale in the title, not as the bar's label, which would run into the next panel's axis label
+        axes[2].set_title(f"residual M - P Q^T, {'grey levels' if grey else 'same scale as M'}\n"
+                          f"(norm {s['relative error']:.3f} of M's)")
+        axes[2].axis("off")
+        fig.colorbar(im, ax=axes[2], fraction=0.046, pad=0.02)
         # the best error at every rank, and where this rank and power iteration stand on it
         ranks, best = self._svd_curve(self.matrix.value)
-        ax = axes[2]
+        ax = axes[3]
         ax.plot(ranks, best, color="grey", label="SVD optimum")
         ax.axvline(s["rank"], color="black", lw=0.8)
         ax.plot([s["rank"]], [s["relative error"]], "o", color="tab:red", label=f"power iteration ({self.iters} it.)")
         ax.set(xlabel="rank r", ylabel="relative error", title="Error against rank", ylim=(0, 1.05))
         ax.legend(fontsize=8)
-        self.plot.value = _png(fig)
+        return fig
 
     def _svd_curve(self, name: str):
         if name not in self._curves:  # one SVD per matrix, however often the slider moves
@@ -140,7 +158,8 @@ def rank_explorer(matrices: dict[str, torch.Tensor] | None = None, rank: int = 4
     """A rank slider (1 up to ``max_rank`` or the matrix's limit) over a dropdown of matrices.
 
     Moving it recomputes a rank-r power-iteration approximation (``iters`` steps from a fixed
-    seed, so the same rank always shows the same numbers) and redraws it beside the original.
+    seed, so the same rank always shows the same numbers) and redraws it beside the original, with
+    the residual M - P Q^T on the original's colour scale.
     """
     return RankExplorer(matrices if matrices is not None else default_matrices(), rank, max_rank, iters, seed)
 
