@@ -58,13 +58,21 @@ def split(x: torch.Tensor, y: torch.Tensor, sizes) -> list[tuple[torch.Tensor, t
     return list(zip(x.split(list(sizes)), y.split(list(sizes))))
 
 
+def _checked(micro_batches) -> list:
+    """``micro_batches`` if it is a non-empty list: none at all would leave ``.grad`` untouched and report 0."""
+    if not isinstance(micro_batches, (list, tuple)) or not micro_batches:
+        raise ValueError(f"micro_batches must be a non-empty list of (x, y) pairs (e.g. from split), "
+                         f"got {micro_batches!r:.60}")
+    return micro_batches
+
+
 def accumulate_naive(model: nn.Module, loss_fn, micro_batches) -> float:
     """The textbook loop: each micro-batch's *mean* loss divided by k.
 
     Right when all micro-batches have the same size; wrong otherwise, because a sample in
     a small micro-batch then weighs more than one in a large micro-batch.
     """
-    k = len(micro_batches)
+    k = len(_checked(micro_batches))
     total = 0.0
     for x, y in micro_batches:
         loss = loss_fn(model(x), y) / k
@@ -79,7 +87,7 @@ def accumulate(model: nn.Module, loss_fn, micro_batches) -> float:
     Each micro-batch's mean loss is weighted by its share of the samples, ``n_i / N``, so every
     sample weighs ``1 / N`` as in the large batch. Returns the large batch's loss.
     """
-    n_total = sum(len(y) for _, y in micro_batches)
+    n_total = sum(len(y) for _, y in _checked(micro_batches))
     total = 0.0
     for x, y in micro_batches:
         loss = loss_fn(model(x), y) * (len(y) / n_total)
@@ -142,6 +150,9 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
 
     Measured from ``optimizer.state``, which is empty until the first ``step``: call it after one.
     """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer (e.g. torch.optim.Adam(model.parameters())), "
+                        f"got {type(optimizer).__name__}")
     return sum(t.numel() * t.element_size() for state in optimizer.state.values()
                for t in state.values() if torch.is_tensor(t))
 
@@ -257,6 +268,7 @@ def token_sequences(n: int, vocab: int = 16, min_len: int = 2, max_len: int = 24
     checks.integer("n", n, 1)
     checks.integer("min_len", min_len, 2)
     checks.integer("max_len", max_len, min_len)
+    checks.integer("vocab", vocab, 1)
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(n):
@@ -270,6 +282,7 @@ def token_sequences(n: int, vocab: int = 16, min_len: int = 2, max_len: int = 24
 def bigram_lm(vocab: int = 16, dim: int = 8, seed: int = 0, dtype=torch.float64) -> nn.Sequential:
     """The smallest language model: embed the current token, predict the next (float64 by default,
     so that two ways of summing the same gradient agree to ~1e-15 and any real difference shows)."""
+    checks.integer("vocab", vocab, 1), checks.integer("dim", dim, 1)
     torch.manual_seed(seed)
     return nn.Sequential(nn.Embedding(vocab, dim), nn.Linear(dim, vocab)).to(dtype)
 
@@ -292,7 +305,7 @@ def accumulate_tokens_naive(model: nn.Module, micro_batches) -> None:
     A token in a micro-batch with few tokens weighs more than one in a micro-batch with many;
     under DDP, averaging the ranks' gradients repeats the mistake across ranks.
     """
-    k = len(micro_batches)
+    k = len(_checked(micro_batches))
     for i, sequences in enumerate(micro_batches):
         with _sync_only_last(model, i, k):
             (token_losses(model, sequences).mean() / k).backward()
@@ -306,7 +319,8 @@ def accumulate_tokens(model: nn.Module, micro_batches, n_tokens: int, world_size
     multiplies by ``world_size`` to leave the plain sum over all tokens divided by ``n_tokens``.
     """
     checks.integer("n_tokens", n_tokens, 1)
-    k = len(micro_batches)
+    checks.integer("world_size", world_size, 1)
+    k = len(_checked(micro_batches))
     for i, sequences in enumerate(micro_batches):
         with _sync_only_last(model, i, k):
             (token_losses(model, sequences).sum() * world_size / n_tokens).backward()

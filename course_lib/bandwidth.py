@@ -16,7 +16,6 @@
 *whole* gathered buffer for all-gather and reduce-scatter, as in nccl-tests.
 """
 
-import numbers
 import statistics
 import time
 
@@ -55,19 +54,6 @@ OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter")
 def _check_op(op) -> None:
     if op not in OPS:
         raise ValueError(f"op must be one of {', '.join(OPS)}, got {op!r}")
-
-
-def _check_sizes(sizes_bytes) -> list[int]:
-    """Sizes in bytes: a list (or other iterable) of positive integers; one integer is taken as a list of one."""
-    if isinstance(sizes_bytes, numbers.Integral) and not isinstance(sizes_bytes, bool):
-        sizes_bytes = [sizes_bytes]
-    try:
-        sizes = list(sizes_bytes)
-    except TypeError:
-        raise ValueError(f"sizes_bytes must be a list of positive integers (bytes), got {sizes_bytes!r}") from None
-    for size in sizes:
-        checks.integer("each of sizes_bytes", size, 1)
-    return sizes
 
 
 def _check_loop(iters, warmup) -> None:
@@ -127,7 +113,7 @@ def measure_like_nccl_tests(op: str, sizes_bytes, iters: int = 20, warmup: int =
     """
     _check_op(op)
     _check_loop(iters, warmup)
-    sizes_bytes = _check_sizes(sizes_bytes)
+    sizes_bytes = checks.integers("sizes_bytes", sizes_bytes, 1)
     n = dist.get_world_size()
     factor = bus_factor(op, n)
     device = torch.device(device) if device is not None else torch.device("cpu")
@@ -153,7 +139,7 @@ def measure_collective(op: str, sizes_bytes, iters: int = 5, warmup: int = 1, de
     """
     _check_op(op)
     _check_loop(iters, warmup)
-    sizes_bytes = _check_sizes(sizes_bytes)
+    sizes_bytes = checks.integers("sizes_bytes", sizes_bytes, 1)
     n = dist.get_world_size()
     factor = bus_factor(op, n)
     device = torch.device(device) if device is not None else torch.device("cpu")
@@ -194,7 +180,7 @@ def sweep(rank: int, world_size: int, ops=("all_reduce",), sizes_bytes=None, ite
         _check_op(op)
     _check_loop(iters, warmup)
     if sizes_bytes is not None:
-        sizes_bytes = _check_sizes(sizes_bytes)
+        sizes_bytes = checks.integers("sizes_bytes", sizes_bytes, 1)
     device = worker_device()
     if sizes_bytes is None:
         top = 256 * 2**20 if device.type == "cuda" else 64 * 2**20
@@ -224,7 +210,7 @@ def ping_pong(rank: int, world_size: int, sizes_bytes, iters: int = 5) -> list[t
     """
     if world_size < 2:
         raise ValueError(f"ping_pong needs 2 or more ranks (0 and 1 bounce the message), got world_size={world_size}")
-    sizes_bytes = _check_sizes(sizes_bytes)
+    sizes_bytes = checks.integers("sizes_bytes", sizes_bytes, 1)
     checks.integer("iters", iters, 1)
     out = []
     warm = torch.zeros(1)
@@ -247,7 +233,7 @@ def ping_pong(rank: int, world_size: int, sizes_bytes, iters: int = 5) -> list[t
 
 def time_algorithms(rank: int, world_size: int, sizes_bytes, iters: int = 3) -> dict:
     """Worker: median time of each course algorithm and of gloo's own all-reduce, per size."""
-    sizes_bytes = _check_sizes(sizes_bytes)
+    sizes_bytes = checks.integers("sizes_bytes", sizes_bytes, 1)
     checks.integer("iters", iters, 1)
     runs = {
         "naive_all_reduce": ("all_reduce", C.naive_all_reduce),
@@ -317,7 +303,7 @@ def concurrent_messages(rank: int, world_size: int, sizes_bytes, senders: int | 
     senders = world_size if senders is None else senders
     if not 1 <= senders <= world_size or world_size < 2:
         raise ValueError(f"need 2 or more ranks and 1 <= senders <= world_size, got {senders} of {world_size}")
-    sizes_bytes = _check_sizes(sizes_bytes)
+    sizes_bytes = checks.integers("sizes_bytes", sizes_bytes, 1)
     checks.integer("iters", iters, 1)
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
     sends, receives = rank < senders, left < senders

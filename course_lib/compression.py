@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib import hooks
+from course_lib.support import checks
 
 __all__ = [
     "Compressor",
@@ -150,7 +151,7 @@ class Compressor:
 
 
 class _Sparsifier(Compressor):
-    """A compressor that keeps ``k = ceil(ratio * numel)`` entries (at least one)."""
+    """A compressor that keeps ``k = ceil(ratio * numel)`` entries (at least one of a tensor that has any)."""
 
     def __init__(self, ratio: float, seed: int = 0):
         super().__init__(seed)
@@ -158,7 +159,8 @@ class _Sparsifier(Compressor):
         self.ratio = ratio
 
     def k(self, numel: int) -> int:
-        return max(1, math.ceil(self.ratio * numel))
+        checks.integer("numel", numel, 0)
+        return min(numel, max(1, math.ceil(self.ratio * numel)))
 
     def __repr__(self):
         return f"{type(self).__name__}({self.ratio})"
@@ -362,10 +364,12 @@ class TernGrad(Compressor):
 
     def compress(self, tensor):
         flat = tensor.flatten().float()
-        if self.clip_sigma is not None:
+        # Entries all equal (or just one) have no outlier to clip, and a standard deviation of 0 (or,
+        # rounded, 1e-8) would clip them all to nothing.
+        if self.clip_sigma is not None and flat.numel() > 1 and bool((flat != flat[0]).any()):
             limit = self.clip_sigma * (flat - flat.mean()).square().mean().sqrt()
             flat = torch.maximum(torch.minimum(flat, limit), -limit)
-        scale = flat.abs().max()
+        scale = flat.abs().max() if flat.numel() else flat.new_zeros(())
         keep = self._uniform(flat) < (flat.abs() / scale if scale > 0 else torch.zeros_like(flat))
         ternary = torch.sign(flat) * keep  # -1, 0, 1
         return [scale.view(1), pack_bits(ternary + 1, 2)], tensor.shape
@@ -481,7 +485,11 @@ class _Memory:
         pieces = _pieces(key, numel)
         if any(k not in store for k, _ in pieces):
             return None
-        return torch.cat([store[k] for k, _ in pieces]) if len(pieces) > 1 else store[pieces[0][0]]
+        kept = torch.cat([store[k] for k, _ in pieces]) if len(pieces) > 1 else store[pieces[0][0]]
+        if kept.numel() != numel:
+            raise ValueError(f"the memory kept {kept.numel()} numbers for key {key!r}, and now gets {numel}: a memory "
+                             f"belongs to one model's tensors. Make a new one when the tensors change.")
+        return kept
 
     @staticmethod
     def _put(store: dict, key, flat: torch.Tensor) -> None:

@@ -38,6 +38,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib import hooks
 from course_lib.bandwidth import measure_collective
+from course_lib.support import checks
 from course_lib.support.digits import batch_slice, digits_tensors, mlp
 
 __all__ = ["DataParallelNaive", "DataParallelFlat", "DataParallelOverlap", "DataParallelBucket", "assign_buckets",
@@ -213,8 +214,8 @@ def assign_buckets(sizes_bytes: list[int], cap_bytes: float) -> list[list[int]]:
     buckets: a bucket is closed as soon as it holds ``cap_bytes`` or more, so a tensor larger than the
     cap gets a bucket of its own. The rule of DDP's ``compute_bucket_assignment_by_size``, with one
     cap for every bucket."""
-    if cap_bytes <= 0:
-        raise ValueError(f"the bucket cap must be positive, got {cap_bytes}")
+    checks.number("cap_bytes", cap_bytes, 0, low_open=True)
+    sizes_bytes = [checks.number("each of sizes_bytes", size, 0) for size in sizes_bytes]
     buckets, current, filled = [], [], 0
     for i, size in enumerate(sizes_bytes):
         current.append(i)
@@ -251,9 +252,8 @@ class DataParallelBucket(_DataParallel):
     for its first iteration, then rebuilds its buckets in the order the gradients really arrived.)"""
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0, process_group=None):
+        checks.number("bucket_cap_mb", bucket_cap_mb, 0, low_open=True)
         super().__init__(module, process_group)
-        if bucket_cap_mb <= 0:
-            raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
         ordered = self.named[::-1]
         dtypes = {p.dtype for _, p in ordered}
         if len(dtypes) > 1:
@@ -302,8 +302,10 @@ def exposed_communication(events: list[Event]) -> float:
     minus the end of backward (when the last gradient was ready), 0 if the all-reduces were all
     over by then. All of it when nothing overlaps; only the tail when the all-reduces run behind
     backward."""
-    backward_end = max(e.end_s for e in events if e.kind == "backward")
-    return max(0.0, max(e.end_s for e in events if e.kind == "all_reduce") - backward_end)
+    backward_end = max((e.end_s for e in events if e.kind == "backward"), default=None)
+    if backward_end is None:
+        raise ValueError("events hold no backward: pass one step's events, as a wrapper records them")
+    return max(0.0, max((e.end_s for e in events if e.kind == "all_reduce"), default=0.0) - backward_end)
 
 
 def communication_time(events: list[Event]) -> float:

@@ -104,13 +104,13 @@ def worker_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _check_picklable_by_reference(fn) -> None:
+def _check_picklable_by_reference(fn, who: str = "spawn") -> None:
     # The spawn start method sends a function to a new interpreter by *name*
     # (module + qualified name); the child imports the module and looks the name up. A lambda,
     # a nested function, or a function defined in a notebook cell (module ``__main__``, which the
     # child cannot import) has no such name.
     if not callable(fn):
-        raise ValueError(f"spawn needs a function, got {type(fn).__name__}")
+        raise ValueError(f"{who} needs a function, got {type(fn).__name__}")
     module = getattr(fn, "__module__", None)
     qualname = getattr(fn, "__qualname__", "")
     where = (
@@ -118,15 +118,15 @@ def _check_picklable_by_reference(fn) -> None:
         "course_lib, or in a file next to the notebook) and import it from there."
     )
     if "<lambda>" in qualname:
-        raise ValueError(f"spawn cannot send a lambda to a new process. {where}")
+        raise ValueError(f"{who} cannot send a lambda to a new process. {where}")
     if "<locals>" in qualname:
-        raise ValueError(f"spawn cannot send the nested function {qualname!r} to a new process. {where}")
+        raise ValueError(f"{who} cannot send the nested function {qualname!r} to a new process. {where}")
     main_is_a_file = getattr(sys.modules.get("__main__"), "__file__", None) is not None
     if module is None or (module in ("__main__", "__mp_main__") and not main_is_a_file):
         # (A script run with `python script.py` is fine: spawn re-imports it from its file,
         # provided its top-level code sits under `if __name__ == "__main__":`.)
         raise ValueError(
-            f"spawn cannot send {qualname or fn!r}: it is defined in __main__ (a notebook cell, the "
+            f"{who} cannot send {qualname or fn!r}: it is defined in __main__ (a notebook cell, the "
             f"interactive interpreter or `python -c`), which a spawned process cannot import. {where}"
         )
 
@@ -165,6 +165,10 @@ def report_progress(n: int = 1) -> None:
 
 def _worker(rank, fn, world_size, port, backend, timeout_s, args, results):
     # start_processes calls this as _worker(i, *args) in process i: the process index is the rank.
+    # The kernel sends it SIGINT when the parent dies (start_processes asks for that). A parent that
+    # ignores SIGINT (a background job of a shell script does) passes the ignoring on, and the worker
+    # would outlive it: each worker takes Python's own handler back.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     global _progress_queue
     _progress_queue = results
     os.environ.update(

@@ -66,9 +66,23 @@ def orthogonalize_(matrices: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor
     return matrices
 
 
+def _check_matrix(M: torch.Tensor) -> None:
+    if not isinstance(M, torch.Tensor) or M.dim() not in (2, 3):
+        raise ValueError(f"expected a matrix (n, m) or a batch (b, n, m), got "
+                         f"{f'shape {tuple(M.shape)}' if isinstance(M, torch.Tensor) else type(M).__name__}")
+    if not M.is_floating_point():
+        raise TypeError(f"M must hold floating-point numbers, got {M.dtype}: pass M.float()")
+
+
+def _check_product(a: str, A: torch.Tensor, b: str, B: torch.Tensor) -> None:
+    """A @ B must be defined: the columns of A are the rows of B (per matrix of a batch)."""
+    if A.shape[-1] != B.shape[-2] or A.shape[:-2] != B.shape[:-2] or A.dtype != B.dtype:
+        raise ValueError(f"{a} @ {b} needs {a}'s columns to be {b}'s rows, one batch and one dtype: "
+                         f"{a} is {tuple(A.shape)} {A.dtype}, {b} {tuple(B.shape)} {B.dtype}")
+
+
 def _check_rank(M: torch.Tensor, rank: int) -> None:
-    if M.dim() not in (2, 3):
-        raise ValueError(f"expected a matrix (n, m) or a batch (b, n, m), got shape {tuple(M.shape)}")
+    _check_matrix(M)
     limit = min(M.shape[-2], M.shape[-1])
     if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= limit:
         raise ValueError(f"rank must be an integer between 1 and min(n, m) = {limit} for a {tuple(M.shape)} "
@@ -80,6 +94,7 @@ def power_step_p(M: torch.Tensor, Q: torch.Tensor, out: torch.Tensor | None = No
 
     PowerSGD all-reduces this P, then orthogonalizes it, before the second half.
     """
+    _check_product("M", M, "Q", Q)
     return torch.matmul(M, Q, out=out)
 
 
@@ -89,6 +104,7 @@ def power_step_qt(M: torch.Tensor, P: torch.Tensor, out: torch.Tensor | None = N
     The same numbers as ``M.mT @ P``, but on the CPU a product with a transposed *large* operand was
     measured several times slower than this one, whose transposed operand is the thin P.
     """
+    _check_product("P^T", P.mT, "M", M)
     return torch.matmul(P.mT, M, out=out)
 
 
@@ -98,8 +114,6 @@ def power_step(M: torch.Tensor, Q: torch.Tensor, epsilon: float = 0.0) -> tuple[
     The two halves with the orthogonalization between them, on one process. PowerSGD calls the
     same two halves with an all-reduce after each.
     """
-    if Q.shape[-2] != M.shape[-1]:
-        raise ValueError(f"Q must have as many rows as M has columns: M is {tuple(M.shape)}, Q {tuple(Q.shape)}")
     P = orthogonalize_(power_step_p(M, Q), epsilon)
     return P, power_step_qt(M, P).mT
 
@@ -112,13 +126,12 @@ def power_iteration(M: torch.Tensor, rank: int, iters: int = 1, q: torch.Tensor 
     starts as Gaussian noise from ``generator``. Works on batches (b, n, m) too.
     """
     _check_rank(M, rank)
-    if iters < 1:
-        raise ValueError(f"iters must be >= 1, got {iters}")
+    checks.integer("iters", iters, 1)
     shape = (*M.shape[:-2], M.shape[-1], rank)
     if q is None:
         q = torch.randn(shape, generator=generator, dtype=M.dtype, device="cpu").to(M.device)
-    elif tuple(q.shape) != shape:
-        raise ValueError(f"q must have shape {shape}, got {tuple(q.shape)}")
+    elif tuple(q.shape) != shape or q.dtype != M.dtype:
+        raise ValueError(f"q must be {shape} {M.dtype} like M, got {tuple(q.shape)} {q.dtype}")
     Q = q
     for _ in range(iters):
         P, Q = power_step(M, Q, epsilon)
@@ -134,6 +147,7 @@ def power_iteration_without_orthogonalization(M: torch.Tensor, rank: int, iters:
     overflow; scaling does not change directions).
     """
     _check_rank(M, rank)
+    checks.integer("iters", iters, 1)
     X = torch.randn(M.shape[-2], rank, generator=generator, dtype=M.dtype)
     for _ in range(iters):
         X = M @ (M.mT @ X)
@@ -143,6 +157,9 @@ def power_iteration_without_orthogonalization(M: torch.Tensor, rank: int, iters:
 
 def relative_error(M: torch.Tensor, P: torch.Tensor, Q: torch.Tensor) -> float:
     """||M - P Q^T||_F / ||M||_F."""
+    _check_product("P", P, "Q^T", Q.mT)
+    if (P @ Q.mT).shape != M.shape:
+        raise ValueError(f"P @ Q^T must have M's shape {tuple(M.shape)}: P is {tuple(P.shape)}, Q {tuple(Q.shape)}")
     norm = torch.linalg.norm(M)
     if norm == 0:
         raise ValueError("M is all zeros: an error relative to its norm is 0/0. Compare ||M - P Q^T|| itself.")
@@ -155,8 +172,11 @@ def svd_error(M: torch.Tensor, rank: int) -> float:
     ``sqrt(sum_{i>r} s_i^2 / sum_i s_i^2)`` with ``s_1 >= s_2 >= ...``: the energy beyond the first r
     singular values (``s[rank:]`` below, counting from 0).
     """
-    if M.dim() != 2:
-        raise ValueError(f"svd_error expects a matrix (n, m), got shape {tuple(M.shape)}")
+    if not isinstance(M, torch.Tensor) or M.dim() != 2:
+        raise ValueError(f"svd_error expects a matrix (n, m), got "
+                         f"{f'shape {tuple(M.shape)}' if isinstance(M, torch.Tensor) else type(M).__name__}")
+    if not bool(torch.isfinite(M).all()):
+        raise ValueError("M holds nan or inf: no singular values to compare with (look for a diverged gradient)")
     checks.integer("rank", rank, 0, min(M.shape))  # rank 0: nothing kept, error 1
     s = torch.linalg.svdvals(M.double())
     energy = s.square()
@@ -198,7 +218,10 @@ def track_error_feedback(matrices, rank: int, warm_start: bool = True, iters: in
     """
     g = torch.Generator().manual_seed(seed)
     errors, optima, q, e = [], [], None, None
-    for M in matrices:
+    for t, M in enumerate(matrices):
+        if e is not None and M.shape != e.shape:
+            raise ValueError(f"matrices must all have one shape (the error carried is the last one's): matrix {t} "
+                             f"is {tuple(M.shape)}, matrix {t - 1} was {tuple(e.shape)}")
         C = M if e is None else M + e
         P, Q = power_iteration(C, rank, iters, q=q if warm_start else None, generator=g)
         errors.append(relative_error(C, P, Q))
@@ -211,6 +234,13 @@ def time_methods(shapes, rank: int = 2, repeats: int = 5, seed: int = 0, progres
     """Median seconds of a full SVD, ``torch.svd_lowrank`` and one power-iteration step, per shape."""
     g = torch.Generator().manual_seed(seed)
     rows = []
+    shapes = list(shapes)
+    for shape in shapes:
+        if (not isinstance(shape, (tuple, list)) or len(shape) != 2
+                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in shape)):
+            raise ValueError(f"each of shapes must be a pair (n, m) of integers >= 1, got {shape!r}")
+        checks.integer(f"rank (for shape {tuple(shape)})", rank, 1, min(shape))
+    checks.integer("repeats", repeats, 1)
     if progress:
         shapes = progress_bar(shapes, desc="timing")
     for n, m in shapes:

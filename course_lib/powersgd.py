@@ -178,6 +178,8 @@ class PowerSGDState:
         # NaN passes a `< 0` test, and would later surface as a "non-finite gradient"
         checks.number("orthogonalization_epsilon (0, or a small value such as 1e-8)", orthogonalization_epsilon, 0)
         checks.number("min_compression_rate (2 is the default)", min_compression_rate, 0)
+        for name in ("use_error_feedback", "warm_start", "batch_tensors_with_same_shape"):
+            checks.boolean(name, locals()[name])  # a string such as "no" would be taken as True
         self.process_group = process_group
         self.matrix_approximation_rank = matrix_approximation_rank
         self.start_powerSGD_iter = start_powerSGD_iter
@@ -255,6 +257,9 @@ class PowerSGDState:
     def load_state_dict(self, state: dict) -> None:
         """Resume from :meth:`state_dict`. Register the hook on the new DDP model before training:
         keys are matched to parameters by the new model's first bucket layout (parameter order)."""
+        missing = sorted(set(_STATE_KEYS) - set(state)) if isinstance(state, dict) else "everything"
+        if missing:
+            raise ValueError(f"state must be what PowerSGDState.state_dict() returned; it lacks {missing}")
         for k, v in state["hyperparameters"].items():
             setattr(self, k, v)
         self.iter = state["iter"]
@@ -279,6 +284,8 @@ class PowerSGDState:
         self.load_state_dict(state)
 
 
+_STATE_KEYS = ("hyperparameters", "iter", "rng", "error_dict", "q_memory_dict", "total_numel_before_compression",
+               "total_numel_after_compression", "next_stats_report")  # what state_dict returns
 _HYPERPARAMETERS = (
     "matrix_approximation_rank", "start_powerSGD_iter", "min_compression_rate", "orthogonalization_epsilon",
     "use_error_feedback", "warm_start", "batch_tensors_with_same_shape", "compression_stats_logging_frequency",

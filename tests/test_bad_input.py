@@ -167,7 +167,8 @@ def test_an_infinitely_fast_link_costs_only_latency():
 MORE = [
     (lambda: lowrank.orthogonalize_(torch.randn(5, 2), math.nan), ValueError, "epsilon must be a finite number >= 0"),
     (lambda: lowrank.orthogonalize_(torch.ones(5, 2, dtype=torch.int64)), TypeError, "pass matrices.float()"),
-    (lambda: lowrank.power_step(M, torch.randn(5, 2)), ValueError, "M is (6, 4), Q (5, 2)"),
+    (lambda: lowrank.power_step(M, torch.randn(5, 2)), ValueError,
+     "M @ Q needs M's columns to be Q's rows, one batch and one dtype: M is (6, 4) torch.float32, Q (5, 2)"),
     (lambda: lowrank.relative_error(torch.zeros(3, 3), torch.zeros(3, 1), torch.zeros(3, 1)), ValueError,
      "M is all zeros"),
     (lambda: lowrank.svd_error(torch.zeros(3, 3), 1), ValueError, "M is all zeros"),
@@ -238,7 +239,7 @@ BANDWIDTH = [  # refused before any collective: no process group is needed to se
     (lambda b: b.measure_like_nccl_tests("all_reduce", [-8]), "each of sizes_bytes must be an integer >= 1, got -8"),
     (lambda b: b.measure_collective("all_reduce", [1.5e6]),
      "each of sizes_bytes must be an integer >= 1, got 1500000.0"),
-    (lambda b: b.measure_collective("all_reduce", None), "sizes_bytes must be a list of positive integers"),
+    (lambda b: b.measure_collective("all_reduce", None), "sizes_bytes must be a list of integers >= 1, got None"),
     (lambda b: b.measure_collective("all_reduce", [4096], iters=0), "iters must be an integer >= 1, got 0"),
     (lambda b: b.measure_like_nccl_tests("all_reduce", [4096], warmup=-1), "warmup must be an integer >= 0, got -1"),
     (lambda b: b.sweep(0, 2, ops=("all_reduce", "gather")), "op must be one of all_reduce"),
@@ -309,3 +310,123 @@ def test_the_edges_the_sweep_checks_still_work():
     assert D.batch_slice(0, 10, 100) == slice(0, 10) and T.median_seconds(lambda: None, warmup=0) >= 0
     assert C.unpack_bits(C.pack_bits(torch.tensor([1, 2, 3]), 4), 4, 3).tolist() == [1, 2, 3]
     assert len(S.resnet18_cifar_shapes(100)) == len(S.resnet18_cifar_shapes())
+
+
+def _student_functions():
+    from course_lib.support import exercises
+
+    return exercises
+
+
+def _unimportable(x):  # stands for a function a student defined in a notebook cell
+    return x
+
+
+_unimportable.__module__ = "__main__"
+
+FOUND_LATER = [  # a second sweep, of lowrank, accumulation, data_parallel, compression memory and the exercises
+    (lambda: lowrank.power_step_p(M, torch.randn(5, 2)), ValueError, "M is (6, 4) torch.float32, Q (5, 2)"),
+    (lambda: lowrank.power_step_qt(M, torch.randn(5, 2)), ValueError,
+     "P^T @ M needs P^T's columns to be M's rows"),
+    (lambda: lowrank.power_step_p(M, torch.randn(4, 2, dtype=torch.float64)), ValueError, "Q (4, 2) torch.float64"),
+    (lambda: lowrank.relative_error(M, torch.randn(5, 2), torch.randn(4, 2)), ValueError,
+     "P @ Q^T must have M's shape (6, 4): P is (5, 2), Q (4, 2)"),
+    (lambda: lowrank.power_iteration(M, 2, iters="2"), ValueError, "iters must be an integer >= 1, got '2'"),
+    (lambda: lowrank.power_iteration(M, 2, q=torch.randn(4, 2, dtype=torch.float64)), ValueError,
+     "q must be (4, 2) torch.float32 like M, got (4, 2) torch.float64"),
+    (lambda: lowrank.power_iteration(torch.ones(6, 4, dtype=torch.int64), 2), TypeError, "pass M.float()"),
+    (lambda: lowrank.power_iteration_without_orthogonalization(M, 2, -1), ValueError,
+     "iters must be an integer >= 1, got -1"),
+    (lambda: lowrank.svd_error(torch.full((3, 3), math.nan), 1), ValueError, "M holds nan or inf"),
+    (lambda: lowrank.track_error_feedback([M, torch.randn(5, 4)], 2), ValueError,
+     "matrices must all have one shape (the error carried is the last one's): matrix 1 is (5, 4)"),
+    (lambda: lowrank.time_methods([(0, 4)]), ValueError, "each of shapes must be a pair (n, m) of integers >= 1, "
+                                                        "got (0, 4)"),
+    (lambda: lowrank.time_methods([5]), ValueError, "each of shapes must be a pair (n, m) of integers >= 1, got 5"),
+    (lambda: lowrank.time_methods([(3, 3)], rank=5), ValueError, "rank (for shape (3, 3)) must be an integer between "
+                                                                 "1 and 3, got 5"),
+    (lambda: lowrank.time_methods([(3, 3)], repeats=0), ValueError, "repeats must be an integer >= 1, got 0"),
+    (lambda: accumulation.accumulate(torch.nn.Linear(3, 2), torch.nn.functional.cross_entropy, []), ValueError,
+     "micro_batches must be a non-empty list of (x, y) pairs (e.g. from split), got []"),
+    (lambda: accumulation.accumulate_naive(torch.nn.Linear(3, 2), torch.nn.functional.cross_entropy, []),
+     ValueError, "micro_batches must be a non-empty list"),
+    (lambda: accumulation.accumulate_tokens(accumulation.bigram_lm(), [], 5), ValueError,
+     "micro_batches must be a non-empty list"),
+    (lambda: accumulation.accumulate_tokens(accumulation.bigram_lm(), [accumulation.token_sequences(2)], 5,
+                                            world_size=0), ValueError, "world_size must be an integer >= 1, got 0"),
+    (lambda: accumulation.token_sequences(3, vocab=0), ValueError, "vocab must be an integer >= 1, got 0"),
+    (lambda: accumulation.bigram_lm(vocab=0), ValueError, "vocab must be an integer >= 1, got 0"),
+    (lambda: accumulation.optimizer_state_bytes("adam"), TypeError, "optimizer must be a torch.optim.Optimizer"),
+]
+
+
+@pytest.mark.parametrize("call, kind, words", FOUND_LATER, ids=[w[:40] for _, _, w in FOUND_LATER])
+def test_what_a_second_sweep_found(call, kind, words):
+    with pytest.raises(kind) as info:
+        call()
+    assert words in str(info.value)
+
+
+def test_data_parallel_compression_and_powersgd_refuse_what_they_used_to_accept():
+    from course_lib import compression as C
+    from course_lib import data_parallel as dp
+    from course_lib import powersgd
+
+    for call, kind, words in (
+        (lambda: dp.assign_buckets([4, 4], math.nan), ValueError, "cap_bytes must be a finite number > 0, got nan"),
+        (lambda: dp.assign_buckets([-4, 4], 8), ValueError, "each of sizes_bytes must be a finite number >= 0, got -4"),
+        (lambda: dp.exposed_communication([]), ValueError, "events hold no backward"),
+        (lambda: dp.DataParallelBucket(torch.nn.Linear(2, 2), bucket_cap_mb=-1), ValueError,
+         "bucket_cap_mb must be a finite number > 0, got -1"),  # refused before it asks for a process group
+        (lambda: C.TopK(0.1).wire_bytes(-5), ValueError, "numel must be an integer >= 0, got -5"),
+        (lambda: powersgd.PowerSGDState(None, warm_start="no"), TypeError,
+         "warm_start must be True or False, got 'no'"),
+        (lambda: powersgd.PowerSGDState(None).load_state_dict({"iter": 3}), ValueError,
+         "state must be what PowerSGDState.state_dict() returned; it lacks ['error_dict', 'hyperparameters'"),
+    ):
+        with pytest.raises(kind) as info:
+            call()
+        assert words in str(info.value)
+    memory = C.ErrorFeedback()
+    memory.update("w", torch.ones(3), torch.zeros(3))
+    with pytest.raises(ValueError, match="the memory kept 3 numbers for key 'w', and now gets 4"):
+        memory.compensate("w", torch.ones(4))
+    # an empty tensor is sent as nothing (it used to fail in topk); one entry is always kept otherwise
+    payload, ctx = C.TopK(0.1).compress(torch.zeros(0))
+    assert C.TopK(0.1).decompress(payload, ctx).shape == (0,) and C.TopK(0.1).k(1) == 1
+    assert dp.assign_buckets([4.0, 4.0, 1.5], 8) == [[0, 1], [2]]  # sizes computed as floats are fine
+    assert dp.assign_buckets([], 8) == [] and dp.exposed_communication(
+        [dp.Event("backward", "b", 0.0, 1.0)]) == 0.0  # no all-reduce: nothing exposed
+
+
+@pytest.mark.parametrize("bad, kind, words", [
+    (None, TypeError,
+     "pass your function itself (ring_shift, not ring_shift(...), which is what it returns); got None"),
+    (lambda t: t, ValueError, "this check, which runs your function in new processes, cannot send a lambda"),
+    (_unimportable, ValueError, "cannot send '_unimportable': it is defined in __main__"),
+])
+def test_an_exercise_check_says_what_to_pass_before_starting_processes(bad, kind, words, monkeypatch):
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))  # a notebook's: no file
+    with pytest.raises(kind) as info:
+        _student_functions().check_ring_shift(bad)
+    assert words in str(info.value)
+
+
+def test_an_exercise_check_on_one_process_refuses_a_value_for_a_function():
+    with pytest.raises(TypeError, match=r"pass your function itself \(rank1_error, not rank1_error\(...\)"):
+        _student_functions().check_rank1_error(0.5)
+
+
+def test_terngrad_keeps_a_tensor_whose_entries_are_all_equal():
+    from course_lib import compression as C
+
+    # Clipping at 2.5 standard deviations used to clip a tensor with no spread (one entry, or all entries
+    # equal) to 0: every entry sent as 0. Its largest magnitude is then its scale, and each entry is sent.
+    for t in (torch.tensor([0.7]), torch.full((6,), -0.3)):
+        tern = C.TernGrad()
+        assert torch.equal(tern.decompress(*tern.compress(t)), t)
+    payload, ctx = C.TernGrad().compress(torch.zeros(0))
+    assert C.TernGrad().decompress(payload, ctx).shape == (0,)

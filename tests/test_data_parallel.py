@@ -116,7 +116,7 @@ def test_assign_buckets_closes_a_bucket_once_it_reaches_the_cap():
     assert data_parallel.assign_buckets([4, 4, 4, 4], 8) == [[0, 1], [2, 3]]
     assert data_parallel.assign_buckets([10, 1, 1, 1], 8) == [[0], [1, 2, 3]]
     assert data_parallel.assign_buckets([3, 3, 3], 100) == [[0, 1, 2]]
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(ValueError, match="cap_bytes must be a finite number > 0, got 0"):
         data_parallel.assign_buckets([1], 0)
 
 

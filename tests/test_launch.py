@@ -290,6 +290,16 @@ def test_no_orphans_after_a_worker_fails(tmp_path):
 
 @linux_only
 def test_no_orphans_after_ctrl_c_in_the_parent(tmp_path):
+    # Ctrl-C reaches Python as KeyboardInterrupt only where SIGINT is not ignored: pytest run as a
+    # background job of a script starts with it ignored. Take Python's own handler for this test.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _ctrl_c_in_the_parent(tmp_path)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _ctrl_c_in_the_parent(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         launch.spawn(workers.pid_then_interrupt_parent, 2, str(tmp_path), backend="gloo", timeout_s=60)
     pids = _read_pids(tmp_path)
@@ -331,3 +341,14 @@ def test_worker_whose_report_fails_is_named_with_the_traceback_start_processes_k
 def test_an_unknown_backend_names_every_known_one():
     with pytest.raises(ValueError, match="'auto', 'gloo', 'nccl' or 'mpi'"):
         launch.spawn(workers.report, 2, "unused", backend="glo")
+
+
+@linux_only
+def test_workers_answer_sigint_even_when_their_parent_ignores_it():
+    # A shell script's background job starts with SIGINT ignored, and its children inherit that: the
+    # SIGINT the kernel sends a worker at its parent's death would then be ignored, and it would live on.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert launch.spawn(workers.sigint_handler, 2, backend="gloo") == [True, True]
+    finally:
+        signal.signal(signal.SIGINT, previous)

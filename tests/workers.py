@@ -103,3 +103,7 @@ def raise_unprintable_on_rank_one(rank, world_size):
         raise Unprintable()  # so the worker's own report fails, and start_processes' wrapper catches it
     time.sleep(600)
     return rank
+
+
+def sigint_handler(rank, world_size):
+    return signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -10,7 +10,9 @@ from __future__ import annotations
 import math
 import numbers
 
-__all__ = ["integer", "number"]
+import numpy as np
+
+__all__ = ["boolean", "integer", "integers", "number"]
 
 
 def _describe(low, high, low_open: bool) -> str:
@@ -42,3 +44,22 @@ def number(name: str, value, low: float | None = None, high: float | None = None
         allowed = _describe(low, high, low_open)
         raise ValueError(f"{name} must be a finite number{' ' + allowed if allowed else ''}, got {value!r}")
     return float(value)
+
+
+def integers(name: str, values, low: int | None = None) -> list[int]:
+    """``values`` as a list if each is an integer >= ``low``; one integer is taken as a list of one."""
+    if isinstance(values, numbers.Integral) and not isinstance(values, bool):
+        values = [values]
+    try:
+        values = list(values)
+    except TypeError:
+        raise ValueError(f"{name} must be a list of integers{f' >= {low}' if low is not None else ''}, "
+                         f"got {values!r}") from None
+    return [integer(f"each of {name}", v, low) for v in values]
+
+
+def boolean(name: str, value) -> bool:
+    """``value`` if it is True or False (numpy's bool too); else a TypeError naming ``name``."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)

@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib import accumulation, collectives, costmodel, data_parallel, hooks, lowrank, powersgd
-from course_lib.launch import WorkerError, spawn
+from course_lib.launch import WorkerError, _check_picklable_by_reference, spawn
 from course_lib.support.digits import batch_slice, digits_tensors, mlp
 
 __all__ = [
@@ -117,7 +117,8 @@ def check(student, reference, cases, *, name: str | None = None, rtol: float = 1
     When both return ``None`` (functions that work in place), the arguments they modified are
     compared instead. Returns ``True`` when every case passes.
     """
-    name = name or getattr(student, "__name__", "your function")
+    name = name or _name(student, "your_function")
+    _name(student, name)
     cases = list(cases)
     for i, args in enumerate(cases):
         if not isinstance(args, tuple):
@@ -295,7 +296,8 @@ def check_distributed(student, reference, make_inputs, world_sizes=(2, 3), *, na
     rank's arguments. The reference runs first, then the student's function, on copies; ``rules``
     (see :class:`Rules`) says what the student's may call.
     """
-    name = name or getattr(student, "__name__", "your function")
+    name = name or _name(student, "your_function")
+    _name(student, name, in_processes=True)
     for world_size in world_sizes:
         try:
             results = spawn(_run_both, world_size, student, reference, make_inputs, rules, name,
@@ -322,7 +324,14 @@ def check_distributed(student, reference, make_inputs, world_sizes=(2, 3), *, na
     return True
 
 
-def _name(student_fn, default: str) -> str:
+def _name(student_fn, default: str, in_processes: bool = False) -> str:
+    """The student's function's name, once it is known to be a function (and, for a check that runs
+    it in new processes, one they can import by name)."""
+    if not callable(student_fn):
+        raise TypeError(f"pass your function itself ({default}, not {default}(...), which is what it returns); "
+                        f"got {_short(student_fn)}")
+    if in_processes:
+        _check_picklable_by_reference(student_fn, who="this check, which runs your function in new processes,")
     return getattr(student_fn, "__name__", default)
 
 
@@ -403,7 +412,7 @@ def check_ddp_token_step(student_fn) -> bool:
     hold the gradient of the mean loss over *all* tokens of all ranks (checked on 2 and 3 gloo ranks
     against autograd on the whole batch in one process), with one forward and backward per
     micro-batch and the gradient all-reduced once (``no_sync`` around the first k - 1)."""
-    name = _name(student_fn, "ddp_token_step")
+    name = _name(student_fn, "ddp_token_step", in_processes=True)
     k = _TOKEN_EXERCISE["k"]
     for world_size in (2, 3):
         try:
@@ -897,7 +906,7 @@ def check_powersgd_hook(student_fn) -> bool:
     and warm start (``state`` is a :class:`PowerSGDHookState`). It trains an MLP on 2 gloo ranks
     (two buckets, rank 2, plain all-reduce for steps 0 and 1, then 4 compressed steps) and must
     leave the parameters of ``powersgd.powerSGD_hook`` after every step, to 1e-4 relative."""
-    name = _name(student_fn, "my_powersgd_hook")
+    name = _name(student_fn, "my_powersgd_hook", in_processes=True)
     c, world_size = _HOOK_EXERCISE, 2
     try:
         results = spawn(_hook_exercise_worker, world_size, student_fn, backend="gloo", timeout_s=60)
