@@ -15,7 +15,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from course_lib import compression as C
+from course_lib import compressors as C
 from course_lib import powersgd
 from course_lib.launch import spawn
 from course_lib.support.timing import median_seconds

@@ -14,9 +14,13 @@ What a student learns, in the order the notebooks use it:
 * ``bandwidth`` (02, 10): measuring collectives in worker processes, as nccl-tests does;
 * ``lowrank`` (05): power iteration against the SVD, and the power step PowerSGD is built on;
 * ``hooks`` (03, 06, 07): DDP communication hooks (all-reduce, fp16, bf16), every byte counted;
+* ``memory`` (06, 08): error feedback, the one memory of every compressor and of PowerSGD, kept
+  per parameter (and DGC's, with momentum);
 * ``powersgd`` (06, 07): the PowerSGD hook with error feedback, a drop-in for torch's;
-* ``compression`` (08): sparsification and quantization compressors (top-k, random-k,
-  threshold, QSGD, signSGD, TernGrad, fp16, bf16), numerics apart from communication;
+* ``compressors`` (08): what is sent: sparsification and quantization (top-k, random-k, threshold,
+  QSGD, signSGD, TernGrad, fp16, bf16), numerics only;
+* ``exchange`` (08): how payloads travel: all-reduce when they can be summed, all-gather otherwise;
+* ``compression`` (08): how DDP calls them: a compressor, a memory and an exchange as one hook;
 * ``train`` (03, 07, 10): data-parallel training on the digits, in notebooks and under ``torchrun``:
   ``TrainConfig`` in, ``TrainResult`` out.
 

@@ -14,9 +14,10 @@ viewed as rows x everything else) is sent as two thin matrices::
 with *error feedback*: what compression dropped on this rank is added to its next gradient.
 The numerics (``orthogonalize_`` and the power step's two products, ``power_step_p`` and
 ``power_step_qt``) come from ``course_lib.lowrank``; the all-reduces from ``course_lib.hooks``
-(counted in ``hooks.traffic``). ``powerSGD_hook`` reads as its steps: ``add_error_feedback``,
-``group_matrices`` (into :class:`MatrixGroup` records), ``start_q``, ``all_reduce_p``,
-``all_reduce_q``, ``decompress``, ``remember_error``.
+(counted in ``hooks.traffic``); error feedback is ``course_lib.memory``'s, the one every compressor
+uses. ``powerSGD_hook`` reads as its steps: ``memory.compensate``, ``_group_matrices`` (into
+:class:`_MatrixGroup` records), ``_start_q``, ``_all_reduce_p``, ``_all_reduce_q``, ``_decompress``,
+``memory.update``.
 
 Two differences from torch's hook, both on purpose:
 
@@ -59,25 +60,17 @@ import torch.distributed as dist
 
 from course_lib import hooks
 from course_lib.lowrank import orthogonalize_, power_step_p, power_step_qt
+from course_lib.memory import ErrorFeedback, ParameterKeys
 from course_lib.support import checks
 
 __all__ = [
     "PowerSGDState",
     "powerSGD_hook",
-    "ordered_powerSGD_hook",
     "batched_powerSGD_hook",
+    "ordered_powerSGD_hook",
+    "compress_on_one_process",
     "should_compress",
     "numbers_per_step",
-    "compress_on_one_process",
-    "error_feedback_step",
-    "add_error_feedback",
-    "remember_error",
-    "MatrixGroup",
-    "group_matrices",
-    "start_q",
-    "all_reduce_p",
-    "all_reduce_q",
-    "decompress",
 ]
 
 logger = logging.getLogger(__name__)
@@ -105,24 +98,13 @@ def numbers_per_step(shapes, matrix_approximation_rank: int, min_compression_rat
     for shape in shapes:
         numel = math.prod(shape)
         before += numel
-        if len(shape) == 0 or numel == 0:  # nothing to factor: sent as it is (group_matrices)
+        if len(shape) == 0 or numel == 0:  # nothing to factor: sent as it is (_group_matrices)
             after += numel
             continue
         n, m = shape[0], numel // shape[0]
         worth, _, compressed = should_compress(n, m, min(n, m, matrix_approximation_rank), min_compression_rate)
         after += compressed if worth else numel
     return before, after
-
-
-def error_feedback_step(grad: torch.Tensor, error: torch.Tensor, compress) -> tuple[torch.Tensor, torch.Tensor]:
-    """Error feedback for one worker: ``(what is sent, the new error)``.
-
-    Add what was left out last time, compress, and remember what is left out now. The hooks do
-    this bucket by bucket, where "sent" is the all-reduced result.
-    """
-    corrected = grad + error
-    sent = compress(corrected)
-    return sent, corrected - sent
 
 
 class PowerSGDState:
@@ -148,14 +130,13 @@ class PowerSGDState:
         "compression_stats_logging_frequency",
         # internal: random numbers, memory keyed by parameter, progress
         "rng",
-        "error_dict",
+        "memory",
+        "keys",
         "q_memory_dict",
         "iter",
         "total_numel_before_compression",
         "total_numel_after_compression",
         "next_stats_report",
-        "_keys",
-        "_next_key",
         "__weakref__",  # ordered_powerSGD_hook finds its thread by the state, without keeping it alive
     ]
 
@@ -195,30 +176,22 @@ class PowerSGDState:
         # The seed of each fresh Q comes from this generator, the same on every rank, and differs
         # from step to step; torch draws the same way, so the two hooks match number for number.
         self.rng = np.random.RandomState(random_seed)
-        self.error_dict: dict = {}
+        self.memory = ErrorFeedback()  # course_lib.memory's, as every compressor's: kept per parameter
+        self.keys = ParameterKeys()
         self.q_memory_dict: dict = {}
         self.iter = 0
         self.total_numel_before_compression = 0
         self.total_numel_after_compression = 0
         self.next_stats_report = 0
-        self._keys: dict[int, tuple] = {}
-        self._next_key = 0
 
-    # --- keys that follow parameters ------------------------------------------------------------
+    @property
+    def error_dict(self) -> dict:
+        """torch's name for the error feedback memory: parameter key -> what compression left out."""
+        return self.memory.memory
 
-    def keys_for(self, params) -> list[int]:
-        """The keys of a bucket's parameters; parameters never seen get the next free keys."""
-        keys = []
-        for p in params:
-            entry = self._keys.get(id(p))
-            if entry is None or entry[0]() is not p:  # unseen, or an id reused by a new object
-                # a counter that only grows: a parameter that takes a dead one's id must not take
-                # its key too, nor give its key to the next unseen parameter
-                entry = (weakref.ref(p), self._next_key)
-                self._next_key += 1
-                self._keys[id(p)] = entry
-            keys.append(entry[1])
-        return keys
+    @error_dict.setter
+    def error_dict(self, value: dict) -> None:
+        self.memory.memory = value
 
     def maybe_increase_iter(self, bucket) -> None:
         # DDP processes bucket 0 last in each iteration
@@ -270,8 +243,7 @@ class PowerSGDState:
         self.total_numel_before_compression = state["total_numel_before_compression"]
         self.total_numel_after_compression = state["total_numel_after_compression"]
         self.next_stats_report = state["next_stats_report"]
-        self._keys = {}  # the new model's parameters take keys 0, 1, ... again, in parameter order
-        self._next_key = 0
+        self.keys.reset()  # the new model's parameters take keys 0, 1, ... again, in parameter order
 
     def __getstate__(self) -> dict:
         # As torch: the process group cannot be pickled, and is left out.
@@ -281,6 +253,7 @@ class PowerSGDState:
 
     def __setstate__(self, state: dict) -> None:
         self.process_group = None  # the default group, when the hook runs
+        self.memory, self.keys = ErrorFeedback(), ParameterKeys()  # (__init__ did not run)
         self.load_state_dict(state)
 
 
@@ -302,22 +275,6 @@ def _check_finite(tensor: torch.Tensor, state: PowerSGDState, bucket) -> None:
         )
 
 
-def add_error_feedback(state: PowerSGDState, keys, grads) -> None:
-    """Error feedback, first half: add to each gradient (in place) what compression left out of it last step."""
-    for key, grad in zip(keys, grads):
-        error = state.error_dict.get(key)
-        if error is not None:
-            grad.add_(error.view_as(grad))
-
-
-def remember_error(state: PowerSGDState, keys, grads, error: torch.Tensor) -> None:
-    """Error feedback, second half: store ``error`` (flat, laid out as the bucket) per parameter."""
-    offset = 0
-    for key, grad in zip(keys, grads):
-        state.error_dict[key] = error[offset : offset + grad.numel()]
-        offset += grad.numel()
-
-
 def _fresh_q(state: PowerSGDState, shapes, dtype, device) -> list[torch.Tensor]:
     # One seed per bucket and per draw, as torch: fork the CPU generator so training's own random
     # numbers are untouched, draw on the CPU (forking every GPU's generator is slow), then move.
@@ -327,7 +284,7 @@ def _fresh_q(state: PowerSGDState, shapes, dtype, device) -> list[torch.Tensor]:
 
 
 @dataclass
-class MatrixGroup:
+class _MatrixGroup:
     """Gradient matrices that PowerSGD compresses together: one matrix, or, with
     ``batch_tensors_with_same_shape``, every matrix of one shape in the bucket, stacked."""
 
@@ -344,7 +301,7 @@ class MatrixGroup:
         return self.matrix.dim() == 3
 
 
-def group_matrices(state: PowerSGDState, keys, grads) -> tuple[list[torch.Tensor], list[MatrixGroup]]:
+def _group_matrices(state: PowerSGDState, keys, grads) -> tuple[list[torch.Tensor], list[_MatrixGroup]]:
     """``(plain, groups)``: the gradients sent as they are, and the matrices worth compressing.
 
     A gradient is viewed as a matrix (rows x everything else) and compressed when
@@ -372,14 +329,14 @@ def group_matrices(state: PowerSGDState, keys, grads) -> tuple[list[torch.Tensor
     for (n, m), members in by_shape.items():
         r = min(n, m, state.matrix_approximation_rank)
         if state.batch_tensors_with_same_shape and len(members) > 1:
-            groups.append(MatrixGroup([k for k, _ in members], torch.stack([mat for _, mat in members]), r,
+            groups.append(_MatrixGroup([k for k, _ in members], torch.stack([mat for _, mat in members]), r,
                                       [mat for _, mat in members]))
         else:
-            groups.extend(MatrixGroup([k], mat, r) for k, mat in members)
+            groups.extend(_MatrixGroup([k], mat, r) for k, mat in members)
     return plain, groups
 
 
-def start_q(state: PowerSGDState, groups: list[MatrixGroup], dtype, device) -> None:
+def _start_q(state: PowerSGDState, groups: list[_MatrixGroup], dtype, device) -> None:
     """Each group's Q, orthogonalized: last step's (warm start), else fresh noise (one seed per bucket)."""
     missing = [g for g in groups if not state.warm_start or any(k not in state.q_memory_dict for k in g.keys)]
     if missing:
@@ -393,7 +350,7 @@ def start_q(state: PowerSGDState, groups: list[MatrixGroup], dtype, device) -> N
         orthogonalize_(g.q, state.orthogonalization_epsilon)
 
 
-def all_reduce_p(state: PowerSGDState, groups: list[MatrixGroup], plain: list[torch.Tensor], process_group,
+def _all_reduce_p(state: PowerSGDState, groups: list[_MatrixGroup], plain: list[torch.Tensor], process_group,
                  bucket) -> None:
     """First all-reduce: every ``P = M Q`` and the uncompressed gradients, in one buffer.
 
@@ -421,7 +378,7 @@ def all_reduce_p(state: PowerSGDState, groups: list[MatrixGroup], plain: list[to
         offset += t.numel()
 
 
-def all_reduce_q(state: PowerSGDState, groups: list[MatrixGroup], process_group, bucket) -> None:
+def _all_reduce_q(state: PowerSGDState, groups: list[_MatrixGroup], process_group, bucket) -> None:
     """Second all-reduce: orthogonalize each P, compute ``Q = M^T P`` (kept as Q^T), average the Q's."""
     buffer = bucket.buffer()
     q_sizes = [g.matrix.shape[-1] * g.matrix_approximation_rank * (g.matrix.shape[0] if g.stacked else 1)
@@ -438,7 +395,7 @@ def all_reduce_q(state: PowerSGDState, groups: list[MatrixGroup], process_group,
     comm.div_(process_group.size())
 
 
-def decompress(state: PowerSGDState, groups: list[MatrixGroup]) -> None:
+def _decompress(state: PowerSGDState, groups: list[_MatrixGroup]) -> None:
     """Write ``M = P Q^T`` into each gradient, and keep each Q for the next step's warm start.
 
     Q is made contiguous (m x r, small) as torch keeps it: a product with a differently laid out
@@ -462,14 +419,14 @@ def compress_on_one_process(state: PowerSGDState, grads: list[torch.Tensor]) -> 
     it; the others are left as they are. For timing and trying out the arguments in one process.
     The state's memory (warm start, keys) is used and updated as the hook would; error feedback is not.
     """
-    keys = state.keys_for(grads)
-    _, groups = group_matrices(state, keys, grads)
+    keys = state.keys(grads)
+    _, groups = _group_matrices(state, keys, grads)
     if groups:
-        start_q(state, groups, grads[0].dtype, grads[0].device)
+        _start_q(state, groups, grads[0].dtype, grads[0].device)
     for g in groups:
         g.p = orthogonalize_(power_step_p(g.matrix, g.q), state.orthogonalization_epsilon)
         g.qt = power_step_qt(g.matrix, g.p)
-    decompress(state, groups)
+    _decompress(state, groups)
     return grads
 
 
@@ -479,24 +436,23 @@ def powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.future
     is, in two all-reduces per bucket: [P..., uncompressed] then [Q...]."""
     process_group = state.process_group if state.process_group is not None else dist.group.WORLD
     buffer = bucket.buffer()
-    keys = state.keys_for(bucket.parameters())
+    layout = state.keys.layout(bucket.parameters())  # ((key, numel), ...): memory follows parameters
     if state.iter < state.start_powerSGD_iter:
         state.maybe_increase_iter(bucket)
         return hooks.allreduce_fut(process_group, buffer)
 
     grads = bucket.gradients()  # views into buffer, one per parameter
-    if state.use_error_feedback:
-        add_error_feedback(state, keys, grads)
-        before_compression = buffer.clone()
-    plain, groups = group_matrices(state, keys, grads)
+    if state.use_error_feedback:  # add what compression left out of each gradient last step
+        corrected = state.memory.compensate(layout, buffer)
+        buffer.copy_(corrected)
+    plain, groups = _group_matrices(state, [k for k, _ in layout], grads)
     state._report(bucket)
-    start_q(state, groups, buffer.dtype, buffer.device)
-    all_reduce_p(state, groups, plain, process_group, bucket)
-    all_reduce_q(state, groups, process_group, bucket)
-    decompress(state, groups)
-    if state.use_error_feedback:
-        # What this rank wanted to send, minus what everyone received.
-        remember_error(state, keys, grads, before_compression - buffer)
+    _start_q(state, groups, buffer.dtype, buffer.device)
+    _all_reduce_p(state, groups, plain, process_group, bucket)
+    _all_reduce_q(state, groups, process_group, bucket)
+    _decompress(state, groups)
+    if state.use_error_feedback:  # keep what this rank wanted to send, minus what everyone received
+        state.memory.update(layout, corrected, buffer)
     state.maybe_increase_iter(bucket)
     return hooks.completed_future(buffer)
 
@@ -557,7 +513,7 @@ def batched_powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torc
     group = state.process_group if state.process_group is not None else dist.group.WORLD
     world_size = group.size()
     buffer = bucket.buffer()
-    keys = state.keys_for(bucket.parameters())
+    layout = state.keys.layout(bucket.parameters())
     if state.iter < state.start_powerSGD_iter:
         state.maybe_increase_iter(bucket)
         return hooks.allreduce_fut(group, buffer)
@@ -569,14 +525,14 @@ def batched_powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torc
     state.total_numel_after_compression += 2 * side * matrix_approximation_rank
     state._report(bucket)
     if state.use_error_feedback:
-        add_error_feedback(state, keys, bucket.gradients())
+        corrected = state.memory.compensate(layout, buffer)
+        buffer.copy_(corrected)
     padded = torch.zeros(side * side, dtype=buffer.dtype, device=buffer.device)
     padded[:total].copy_(buffer)
     matrix = padded.view(side, side)
-    before_compression = padded[:total].clone() if state.use_error_feedback else None
 
-    layout = tuple(keys)
-    q = state.q_memory_dict.get(layout) if state.warm_start else None
+    bucket_keys = tuple(k for k, _ in layout)  # Q is kept per bucket layout: one matrix for the bucket
+    q = state.q_memory_dict.get(bucket_keys) if state.warm_start else None
     if q is None:
         q = _fresh_q(state, [(side, matrix_approximation_rank)], buffer.dtype, buffer.device)[0]
     orthogonalize_(q, state.orthogonalization_epsilon)
@@ -590,8 +546,8 @@ def batched_powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torc
     torch.matmul(p, qt, out=matrix)
     buffer.copy_(padded[:total])
     if state.warm_start:
-        state.q_memory_dict[layout] = qt.mT.contiguous()
+        state.q_memory_dict[bucket_keys] = qt.mT.contiguous()
     if state.use_error_feedback:
-        remember_error(state, keys, bucket.gradients(), before_compression - buffer)
+        state.memory.update(layout, corrected, buffer)
     state.maybe_increase_iter(bucket)
     return hooks.completed_future(buffer)

@@ -34,7 +34,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_psgd
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course_lib import compression, hooks, powersgd
+from course_lib import compression, compressors, hooks, memory, powersgd
 from course_lib.data_parallel import Event
 from course_lib.launch import WorkerError, init_from_env, report_progress, spawn, worker_device
 from course_lib.support import checks
@@ -217,14 +217,14 @@ def _compression_state(c: TrainConfig, process_group) -> compression.Compression
                                      process_group)
     # random-k draws the same entries on every rank (one seed); the others draw on their own
     seed = c.seed if c.hook == "randomk" else 1000 * c.seed + 1 + dist.get_rank()
-    compressor = {"topk": lambda: compression.TopK(c.ratio, seed),
-                  "randomk": lambda: compression.RandomK(c.ratio, seed, scaled=c.randomk_scaled),
-                  "threshold": lambda: compression.Threshold(c.threshold, seed),
-                  "qsgd": lambda: compression.QSGD(c.levels, c.qsgd_bucket or None, seed),
-                  "signsgd": lambda: compression.SignSGD(c.sign_aggregate, seed),
-                  "terngrad": lambda: compression.TernGrad(c.terngrad_clip or None, seed)}[c.hook]()
-    memory = {"auto": "auto", "error_feedback": compression.ErrorFeedback(), "none": compression.NoMemory()}[c.memory]
-    return compression.CompressionState(compressor, memory=memory, process_group=process_group,
+    compressor = {"topk": lambda: compressors.TopK(c.ratio, seed),
+                  "randomk": lambda: compressors.RandomK(c.ratio, seed, scaled=c.randomk_scaled),
+                  "threshold": lambda: compressors.Threshold(c.threshold, seed),
+                  "qsgd": lambda: compressors.QSGD(c.levels, c.qsgd_bucket or None, seed),
+                  "signsgd": lambda: compressors.SignSGD(c.sign_aggregate, seed),
+                  "terngrad": lambda: compressors.TernGrad(c.terngrad_clip or None, seed)}[c.hook]()
+    kept = {"auto": "auto", "error_feedback": memory.ErrorFeedback(), "none": memory.NoMemory()}[c.memory]
+    return compression.CompressionState(compressor, memory=kept, process_group=process_group,
                                         per_tensor="auto" if c.per_tensor else False)
 
 

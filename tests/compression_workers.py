@@ -7,8 +7,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course_lib import compression as C
-from course_lib import hooks
+from course_lib import compression, hooks, memory
+from course_lib import compressors as C
 
 COMPRESSORS = {
     "topk": lambda: C.TopK(0.1),
@@ -41,7 +41,8 @@ def one_step_against_a_reference(rank, world_size, name):
 
     model = DDP(copy.deepcopy(net))
     # the bucket whole (per tensor: per_tensor_against_a_reference); what is checked here is the exchange
-    model.register_comm_hook(C.CompressionState(COMPRESSORS[name](), per_tensor=False), C.compression_hook)
+    model.register_comm_hook(compression.CompressionState(COMPRESSORS[name](), per_tensor=False),
+                             compression.compression_hook)
     torch.manual_seed(100 + rank)  # the ranks' own random streams differ: shared draws must come from the seed
     hooks.traffic.reset()
     model(x).square().mean().backward()
@@ -67,7 +68,7 @@ def train_and_compare_ranks(rank, world_size, names, steps=6):
     for name in names:
         torch.manual_seed(0)
         model = DDP(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)), bucket_cap_mb=0.001)
-        model.register_comm_hook(C.CompressionState(COMPRESSORS[name]()), C.compression_hook)
+        model.register_comm_hook(compression.CompressionState(COMPRESSORS[name]()), compression.compression_hook)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         g = torch.Generator().manual_seed(100 + rank)
         for _ in range(steps):
@@ -94,10 +95,10 @@ def train_dgc(rank, world_size, steps, lr, state_kwargs):
     ``state_kwargs={"topk": ratio}``, plain top-k with ErrorFeedback); the flat parameters after every step."""
     model = DDP(dgc_net())
     if "topk" in state_kwargs:
-        state = C.CompressionState(C.TopK(state_kwargs["topk"]), memory=C.ErrorFeedback())
+        state = compression.CompressionState(C.TopK(state_kwargs["topk"]), memory=memory.ErrorFeedback())
     else:
-        state = C.dgc_state(**state_kwargs)
-    model.register_comm_hook(state, C.compression_hook)
+        state = compression.dgc_state(**state_kwargs)
+    model.register_comm_hook(state, compression.compression_hook)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     trajectory = []
     for step in range(steps):
@@ -173,7 +174,8 @@ def per_tensor_against_a_reference(rank, world_size, name):
     got = {}
     for per_tensor in (True, False):
         model = DDP(copy.deepcopy(net))
-        model.register_comm_hook(C.CompressionState(make(), per_tensor=per_tensor), C.compression_hook)
+        model.register_comm_hook(compression.CompressionState(make(), per_tensor=per_tensor),
+                                 compression.compression_hook)
         hooks.traffic.reset()
         (model(x) * torch.arange(1.0, 5.0)).square().mean().backward()
         got[per_tensor] = (torch.cat([p.grad.flatten() for p in model.parameters()]), hooks.traffic.bytes)

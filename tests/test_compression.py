@@ -1,11 +1,12 @@
-"""The compressors of course_lib.compression, one process: exactness, unbiasedness, bytes."""
+"""The compressors of course_lib.compressors, one process: exactness, unbiasedness, bytes."""
 
 import math
 
 import pytest
 import torch
 
-from course_lib import compression as C
+from course_lib import compression, memory
+from course_lib import compressors as C
 from course_lib.launch import spawn
 from tests import compression_workers as W
 
@@ -256,13 +257,13 @@ def test_every_compressor_keeps_the_ranks_identical(world_size):
 
 def test_a_state_refuses_what_cannot_work():
     with pytest.raises(TypeError, match=r"CompressionState\(TopK\(0.01\)\)"):
-        C.CompressionState("topk")
+        compression.CompressionState("topk")
     with pytest.raises(ValueError, match="cannot be all-reduced"):
-        C.CompressionState(C.TopK(0.1), communicator="allreduce")
-    assert C.CompressionState(C.TopK(0.1)).communicator == "allgather"
-    assert C.CompressionState(C.FP16()).communicator == "allreduce"
-    assert isinstance(C.CompressionState(C.TopK(0.1)).memory, C.ErrorFeedback)
-    assert isinstance(C.CompressionState(C.QSGD(4)).memory, C.NoMemory)
+        compression.CompressionState(C.TopK(0.1), communicator="all_reduce")
+    assert compression.CompressionState(C.TopK(0.1)).communicator == "all_gather"
+    assert compression.CompressionState(C.FP16()).communicator == "all_reduce"
+    assert isinstance(compression.CompressionState(C.TopK(0.1)).memory, memory.ErrorFeedback)
+    assert isinstance(compression.CompressionState(C.QSGD(4)).memory, memory.NoMemory)
 
 
 # --- Deep Gradient Compression ---------------------------------------------------------------------
@@ -368,11 +369,11 @@ def test_the_warm_up_schedule_is_lin_et_als():
 
 def test_dgc_pieces_refuse_bad_values():
     with pytest.raises(ValueError, match="momentum must be in"):
-        C.DGCMemory(momentum=1.0)
+        memory.DGCMemory(momentum=1.0)
     with pytest.raises(ValueError, match="clip_norm"):
-        C.DGCMemory(clip_norm=0)
+        memory.DGCMemory(clip_norm=0)
     with pytest.raises(ValueError, match="density sets the ratio"):
-        C.CompressionState(C.QSGD(4), density=C.DensityWarmUp(0.01, 10))
+        compression.CompressionState(C.QSGD(4), density=C.DensityWarmUp(0.01, 10))
 
 
 # --- per tensor, as the papers and GRACE compress ----------------------------------------------------
@@ -430,13 +431,14 @@ def test_random_k_is_stichs_unscaled_with_memory_unless_asked_to_scale():
     stich, scaled = C.RandomK(0.1, seed=2), C.RandomK(0.1, seed=2, scaled=True)
     (ps, (idx, _)), (pu, _) = stich.compress(x), scaled.compress(x)
     assert torch.equal(ps[0], x[idx]) and torch.allclose(pu[0], x[idx] * 10)
-    assert isinstance(C.CompressionState(stich).memory, C.ErrorFeedback)
-    assert isinstance(C.CompressionState(scaled).memory, C.NoMemory)
+    assert isinstance(compression.CompressionState(stich).memory, memory.ErrorFeedback)
+    assert isinstance(compression.CompressionState(scaled).memory, memory.NoMemory)
     assert not stich.unbiased and scaled.unbiased
 
 
 def test_per_tensor_is_refused_where_it_means_nothing():
     with pytest.raises(ValueError, match="per_tensor changes nothing"):
-        C.CompressionState(C.Threshold(0.1), per_tensor=True)
-    assert C.CompressionState(C.QSGD(15)).per_tensor and not C.CompressionState(C.TopK(0.1)).per_tensor
-    assert not C.CompressionState(C.RandomK(0.1, scaled=True)).per_tensor  # scaled by numel/k, no scale of its own
+        compression.CompressionState(C.Threshold(0.1), per_tensor=True)
+    State = compression.CompressionState
+    assert State(C.QSGD(15)).per_tensor and not State(C.TopK(0.1)).per_tensor
+    assert not State(C.RandomK(0.1, scaled=True)).per_tensor  # scaled by numel/k, no scale of its own

@@ -150,7 +150,7 @@ def test_the_hook_does_error_feedback_as_written_out():
 def test_a_parameter_that_reuses_a_dead_ones_id_gets_a_key_of_its_own():
     s = powersgd.PowerSGDState(start_powerSGD_iter=2)
     first = torch.zeros(3)
-    assert s.keys_for([first]) == [0]
+    assert s.keys([first]) == [0]
     dead = id(first)
     del first
     # CPython reuses the memory, and so the id, of a freed object of the same size
@@ -163,9 +163,9 @@ def test_a_parameter_that_reuses_a_dead_ones_id_gets_a_key_of_its_own():
         keep.append(t)
     assert reused is not None, "no new tensor took the freed tensor's id"
     other = torch.zeros(4)
-    keys = s.keys_for([reused, other])
+    keys = s.keys([reused, other])
     assert keys == [1, 2]  # neither the dead parameter's key, nor one key for two parameters
-    assert s.keys_for([other, reused]) == [2, 1]  # and they stay
+    assert s.keys([other, reused]) == [2, 1]  # and they stay
 
 
 def test_try_training_says_how_torchs_layerwise_hook_ends_with_many_buckets_on_gloo():
@@ -317,7 +317,7 @@ def test_a_parameter_with_no_elements_is_sent_as_it_is():
     state = powersgd.PowerSGDState(matrix_approximation_rank=1, start_powerSGD_iter=2)
     big = torch.randn(16, 16, generator=torch.Generator().manual_seed(0))
     grads = [torch.zeros(0, 5), big.clone(), torch.zeros(3, 0)]
-    plain, groups = powersgd.group_matrices(state, state.keys_for(grads), grads)
+    plain, groups = powersgd._group_matrices(state, state.keys(grads), grads)
     assert [tuple(g.shape) for g in plain] == [(0, 5), (3, 0)]
     assert [tuple(g.matrix.shape) for g in groups] == [(16, 16)]
     out = powersgd.compress_on_one_process(state, grads)

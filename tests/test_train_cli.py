@@ -81,7 +81,7 @@ def test_dgc_flags_reach_its_state_and_momentum_is_not_applied_twice():
     state, hook = make_hook(config)
     assert hook is compression.compression_hook
     assert (state.memory.momentum, state.memory.clip_norm, state.memory.masking) == (0.8, 2.5, False)
-    assert state.density(0) == 0.25 and state.density(40) == 0.001 and state.communicator == "allgather"
+    assert state.density(0) == 0.25 and state.density(40) == 0.001 and state.communicator == "all_gather"
     with pytest.raises(ValueError, match="momentum=0"):
         TrainConfig(hook="dgc", momentum=0.9)
     with pytest.raises(ValueError, match="memory must be"):

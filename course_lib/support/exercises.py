@@ -944,7 +944,7 @@ def topk_inputs(rank: int, world_size: int):
 
 
 def topk_average_expected(tensor: torch.Tensor, k: int) -> torch.Tensor:
-    """The mean over ranks of each rank's top-k, another way than ``compression.TopK``: every rank's
+    """The mean over ranks of each rank's top-k, another way than ``compressors.TopK``: every rank's
     whole tensor all-gathered, each kept at its k largest magnitudes found by a full sort."""
     everyone = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
     dist.all_gather(everyone, tensor)
@@ -963,7 +963,7 @@ def check_topk_average(student_fn) -> bool:
 
 
 def _stochastic_round(x: torch.Tensor, levels: int, u: torch.Tensor) -> torch.Tensor:
-    """QSGD's rounding with one norm for all of ``x`` (``compression.QSGD``'s rule, bucket_size=None)."""
+    """QSGD's rounding with one norm for all of ``x`` (``compressors.QSGD``'s rule, bucket_size=None)."""
     norm = x.norm()
     if norm == 0:
         return torch.zeros_like(x)
