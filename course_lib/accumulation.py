@@ -27,7 +27,7 @@ __all__ = [
     "split",
     "accumulate_naive",
     "accumulate",
-    "train",
+    "train_with_accumulation",
     "saved_activation_bytes",
     "optimizer_state_bytes",
     "ddp_accumulate",
@@ -96,11 +96,13 @@ def accumulate(model: nn.Module, loss_fn, micro_batches) -> float:
     return total
 
 
-def train(batch_size: int, k: int, steps: int, lr: float = 0.1, seed: int = 0, progress: bool = False):
+def train_with_accumulation(batch_size: int, k: int, steps: int, lr: float = 0.1, seed: int = 0,
+                            progress: bool = False):
     """SGD on the digits with batches of ``batch_size`` made of ``k`` micro-batches; the loss per step.
 
-    ``train(B, 1, ...)`` and ``train(B, 4, ...)`` see the same samples in the same order, so their
-    curves coincide: accumulation changes the memory needed, not the maths.
+    ``train_with_accumulation(B, 1, ...)`` and ``train_with_accumulation(B, 4, ...)`` see the same
+    samples in the same order, so their curves coincide: accumulation changes the memory needed, not
+    the maths.
     """
     x_train, y_train, _, _ = digits_tensors()
     checks.integer("batch_size", batch_size, 1, len(x_train))

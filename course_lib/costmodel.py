@@ -48,13 +48,16 @@ def _check_link(world_size, alpha_s, busbw_GBps=1.0, nbytes=0.0) -> None:
         raise ValueError(f"busbw_GBps must be a number > 0 (GB/s), got {busbw_GBps!r}")
 
 
-def alpha_beta_time(op: str, nbytes: float, world_size: int, alpha: float, beta: float,
-                    gamma: float = 0.0) -> float:
-    """Predicted seconds for ``op`` (one of ``ALGORITHMS``) on ``nbytes`` per rank among ``world_size``."""
+def alpha_beta_time(op: str, nbytes: float, world_size: int, alpha_s: float, beta_s_per_byte: float,
+                    gamma_s_per_byte: float = 0.0) -> float:
+    """Predicted seconds for ``op`` (one of ``ALGORITHMS``) on ``nbytes`` per rank among ``world_size``:
+    ``alpha_s`` per message, ``beta_s_per_byte`` per byte sent (1 / bandwidth), ``gamma_s_per_byte``
+    per byte reduced (the addition's own cost)."""
     checks.integer("world_size", world_size, 1)
-    for name, value in (("nbytes", nbytes), ("alpha", alpha), ("beta", beta), ("gamma", gamma)):
+    for name, value in (("nbytes", nbytes), ("alpha_s", alpha_s), ("beta_s_per_byte", beta_s_per_byte),
+                        ("gamma_s_per_byte", gamma_s_per_byte)):
         checks.number(name, value, 0)
-    p, n = world_size, nbytes
+    p, n, alpha, beta, gamma = world_size, nbytes, alpha_s, beta_s_per_byte, gamma_s_per_byte
     if p == 1:
         return 0.0
     if op == "naive_all_reduce":
@@ -71,7 +74,8 @@ def alpha_beta_time(op: str, nbytes: float, world_size: int, alpha: float, beta:
 def fit_alpha_beta(sizes_bytes, times_s) -> tuple[float, float]:
     """Least-squares fit of ``time = alpha + size * beta``, weighted so small and large sizes count alike.
 
-    Returns ``(alpha, beta)``; both are clipped at 0 (noise can push a tiny alpha below zero).
+    Returns ``(alpha_s, beta_s_per_byte)``, as :func:`alpha_beta_time` takes them; both are clipped
+    at 0 (noise can push a tiny alpha below zero).
     """
     sizes_bytes, times_s = list(sizes_bytes), list(times_s)
     if len(sizes_bytes) != len(times_s):
@@ -149,8 +153,8 @@ def fit_ring_all_reduce(rows: list[dict], world_size: int) -> tuple[float, float
     return alpha, (bus_factor("all_reduce", world_size) / slope / 1e9 if slope > 0 else float("inf"))
 
 
-def predict_step_time(compute_s: float, nbytes: float, collectives: int, world_size: int, busbw_GBps: float,
-                      alpha_s: float) -> float:
+def predict_step_time(compute_s: float, nbytes: float, collectives: int, world_size: int, alpha_s: float,
+                      busbw_GBps: float) -> float:
     """Seconds per training step if the all-reduces do not overlap computation (the course's hooks):
     compute, plus ``collectives`` ring all-reduces that together carry ``nbytes`` per rank."""
     checks.number("compute_s", compute_s, 0)
@@ -237,6 +241,9 @@ def break_even_bandwidth(method: dict, reference: dict, world_size: int, alpha_s
                 - reference_steps * predict_compressed_step_time(world_size=world_size, links=links, **reference))
 
     low, high = 1e-3, 1e6
+    if gap(high) < 0 <= gap(low):
+        raise ValueError("the method is faster only above some bandwidth, not below one: swap method and "
+                         "reference to get the bandwidth below which the reference is faster")
     if gap(high) < 0:
         return float("inf")
     if gap(low) >= 0:

@@ -10,10 +10,12 @@ def my_break_even_bandwidth(hook, reference, world_size, alpha_s):
     factor = 2 * (world_size - 1) / world_size
     fixed = (hook["compute_s"] - reference["compute_s"]
              + (hook["collectives"] - reference["collectives"]) * 2 * (world_size - 1) * alpha_s)
-    extra_bytes = reference["bytes"] - hook["bytes"]
-    if fixed == 0 or extra_bytes == 0 or (fixed > 0) != (extra_bytes > 0):
-        return math.nan
-    return factor * extra_bytes / fixed / 1e9
+    saved_bytes = reference["bytes"] - hook["bytes"]
+    if fixed < 0 and saved_bytes >= 0 or fixed == 0 and saved_bytes > 0:
+        return math.inf  # no dearer at any bandwidth, and cheaper at some: faster everywhere
+    if fixed >= 0 and saved_bytes <= 0:
+        return 0.0  # no cheaper at any bandwidth: faster nowhere
+    return factor * saved_bytes / fixed / 1e9  # (fixed < 0, saved_bytes < 0, faster only above, is not asked)
 
 
 def my_ring_fit(sizes_bytes, times_s, world_size):

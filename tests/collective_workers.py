@@ -46,20 +46,19 @@ def nccl_tests_rows(rank, world_size, warmup=2, iters=3):
 
 
 def nccl_tests_of_known_sleeps(rank, world_size, d):
-    """time_like_nccl_tests of a run whose durations are known: warm-ups sleep 20 d; timed iteration
-    k sleeps (rank + 1) d, five times longer when k % 4 == 0 (so mean, median and max differ)."""
-    import time
-
+    """time_like_nccl_tests of a run whose durations are known, on a fake clock: warm-ups take 20 d;
+    timed iteration k takes (rank + 1) d, five times longer when k % 4 == 0 (so mean, median and max differ)."""
     from course_lib.bandwidth import time_like_nccl_tests
+    from tests.fake_clock import fake_clock
 
     calls = []
+    with fake_clock() as clock:
+        def run(t):
+            k = len(calls) - 5
+            calls.append(k)
+            clock.spend(20 * d if k < 0 else (rank + 1) * d * (5 if k % 4 == 0 else 1))
 
-    def run(t):
-        k = len(calls) - 5
-        calls.append(k)
-        time.sleep(20 * d if k < 0 else (rank + 1) * d * (5 if k % 4 == 0 else 1))
-
-    seconds = time_like_nccl_tests(run, torch.zeros(1), iters=20, warmup=5)
+        seconds = time_like_nccl_tests(run, torch.zeros(1), iters=20, warmup=5)
     return seconds, len(calls)
 
 

@@ -1,7 +1,6 @@
 """Workers for test_concurrent_messages: bandwidth.time_with_cpu and bandwidth.concurrent_messages,
 watched from outside (known durations, logged sends and receives, corrupted payloads)."""
 
-import time
 
 import torch
 import torch.distributed as dist
@@ -10,23 +9,23 @@ from course_lib import bandwidth as bw
 
 
 def known_durations(rank, world_size, d, cpu_s):
-    """time_with_cpu of two runs whose costs are known. Sleeping: rank r sleeps (r + 1) d, five
-    times longer in the first timed run (the warm-up sleeps 20 d), and uses almost no CPU. Spinning:
-    every rank burns ``cpu_s`` seconds of its own CPU time."""
+    """time_with_cpu of two runs whose costs are known, on a fake clock. Sleeping: rank r takes (r + 1) d,
+    five times longer in the first timed run (the warm-up 20 d), and no CPU. Spinning: every rank
+    spends ``cpu_s`` seconds of wall time and of its own CPU time."""
+    from tests.fake_clock import fake_clock
+
     calls = []
+    with fake_clock() as clock:
+        def sleep(_):
+            k = len(calls) - 1  # -1: the warm-up
+            calls.append(k)
+            clock.spend(20 * d if k < 0 else (rank + 1) * d * (5 if k == 0 else 1))
 
-    def sleep(_):
-        k = len(calls) - 1  # -1: the warm-up
-        calls.append(k)
-        time.sleep(20 * d if k < 0 else (rank + 1) * d * (5 if k == 0 else 1))
+        def spin(_):
+            clock.spend(cpu_s, cpu_s)
 
-    def spin(_):
-        start = time.process_time()
-        while time.process_time() - start < cpu_s:
-            pass
-
-    slept = bw.time_with_cpu(sleep, torch.zeros(1), iters=3, warmup=1)
-    spun = bw.time_with_cpu(spin, torch.zeros(1), iters=3, warmup=1)
+        slept = bw.time_with_cpu(sleep, torch.zeros(1), iters=3, warmup=1)
+        spun = bw.time_with_cpu(spin, torch.zeros(1), iters=3, warmup=1)
     return slept, spun, len(calls)
 
 

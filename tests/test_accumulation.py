@@ -62,8 +62,8 @@ def test_split_checks_sizes():
 
 
 def test_training_curves_coincide():
-    a = acc.train(64, 1, steps=20)
-    b = acc.train(64, 4, steps=20)
+    a = acc.train_with_accumulation(64, 1, steps=20)
+    b = acc.train_with_accumulation(64, 4, steps=20)
     assert max(abs(u - v) for u, v in zip(a, b)) < 1e-4
     assert a[-1] < a[0]
 

@@ -72,15 +72,14 @@ def test_nccl_tests_timing_on_real_all_reduces_at_world_3():
 
 
 def test_nccl_tests_timing_is_the_mean_of_the_timed_loop_averaged_over_ranks():
-    # Durations are known: timed iteration k of rank r sleeps (r + 1) d, or 5 (r + 1) d when k % 4 == 0,
-    # so its mean over the 20 iterations is 2 (r + 1) d, and over 3 ranks 4 d. A median over the
-    # iterations would give 2 d, the slowest rank 6 d, a loop that timed the 5 warm-ups (20 d each)
-    # too 9 d; sleeping never ends early, and the margin (d per run on average) covers waking up late
-    # on a loaded machine.
+    # Durations are known (a fake clock: no sleeping, exact on any machine): timed iteration k of rank r
+    # takes (r + 1) d, or 5 (r + 1) d when k % 4 == 0, so its mean over the 20 iterations is 2 (r + 1) d,
+    # and over 3 ranks 4 d. A median over the iterations would give 2 d, the slowest rank 6 d, a loop
+    # that timed the 5 warm-ups (20 d each) too 9 d.
     d = 0.01
     seconds, calls = spawn(W.nccl_tests_of_known_sleeps, 3, d, backend="gloo")[0]
     assert calls == 25
-    assert 4 * d <= seconds < 5 * d
+    assert seconds == pytest.approx(4 * d, rel=1e-12)
 
 
 @pytest.mark.parametrize("bucket_cap_mb", [25, 1])

@@ -78,10 +78,10 @@ def test_crossover_is_where_latency_equals_bandwidth():
 
 def test_predict_step_time():
     # p = 4: per all-reduce 2 * 3 alpha of latency; 1 GB at 10 GB/s busbw, times 2(p-1)/p = 1.5
-    assert cm.predict_step_time(0.01, 1e9, 2, 4, 10.0, 1e-5) == pytest.approx(0.01 + 2 * 6 * 1e-5 + 0.15)
-    assert cm.predict_step_time(0.01, 1e9, 2, 2, 10.0, 1e-5) == pytest.approx(0.01 + 2 * 2 * 1e-5 + 0.1)
-    assert cm.predict_step_time(0.01, 0, 0, 4, 10.0, 1e-5) == pytest.approx(0.01)  # nothing sent
-    assert cm.predict_step_time(0.01, 1e9, 2, 1, 10.0, 1e-5) == 0.01
+    assert cm.predict_step_time(0.01, 1e9, 2, 4, 1e-5, 10.0) == pytest.approx(0.01 + 2 * 6 * 1e-5 + 0.15)
+    assert cm.predict_step_time(0.01, 1e9, 2, 2, 1e-5, 10.0) == pytest.approx(0.01 + 2 * 2 * 1e-5 + 0.1)
+    assert cm.predict_step_time(0.01, 0, 0, 4, 1e-5, 10.0) == pytest.approx(0.01)  # nothing sent
+    assert cm.predict_step_time(0.01, 1e9, 2, 1, 1e-5, 10.0) == 0.01
 
 
 def test_every_interconnect_says_where_its_number_comes_from():

@@ -47,7 +47,9 @@ def test_subgroup_all_reduce_and_a_timeout_instead_of_a_hang():
     outs = spawn(ddp_program.subgroup_and_timeout, 3, 1.0, backend="gloo", timeout_s=60)
     assert [o["after_subgroup_all_reduce"] for o in outs] == [11.0, 11.0, 100.0]
     assert outs[0]["timeout"].startswith("RuntimeError") and "Timed out" in outs[0]["timeout"]
-    assert 0.5 < outs[0]["timeout_elapsed_s"] < 15  # the group's 1 s timeout fired, not the launcher's 60 s
+    # the group's 1 s timeout fired (the launcher's 60 s one would have raised TimeoutError from spawn), and
+    # not before it was due: how soon after, depends on the machine's load and is not checked
+    assert outs[0]["timeout_elapsed_s"] >= 0.9  # (0.1 s for two clocks that need not agree to the tick)
 
 
 def test_torchs_bf16_hook_is_refused_on_a_cpu_build():

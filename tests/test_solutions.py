@@ -166,10 +166,12 @@ def _ring_fit_intercept_as_alpha(sizes, times, p):  # the intercept taken as alp
     return intercept, 2 * (p - 1) / p / slope / 1e9
 
 
-def _break_even_without_the_never_case(h, r, p, a):
+def _break_even_nan_for_never(h, r, p, a):
+    """The formula, with nan wherever the two never cross: the check wants inf (always faster) and 0 (never)."""
     fixed = h["compute_s"] - r["compute_s"] + (h["collectives"] - r["collectives"]) * 2 * (p - 1) * a
     extra = r["bytes"] - h["bytes"]
-    return math.nan if fixed == 0 or extra == 0 else 2 * (p - 1) / p * extra / fixed / 1e9  # negative: "never"
+    crossing = 2 * (p - 1) / p * extra / fixed / 1e9 if fixed and extra else math.nan
+    return crossing if crossing > 0 else math.nan
 
 
 # answers a student might give, each wrong in one way the exercise is about; what the check says
@@ -269,7 +271,7 @@ NEAR_MISSES = [
     (ex.check_ring_fit, _ring_fit_intercept_as_alpha, "case 0"),  # the intercept is 2(p-1) alpha
     (ex.check_break_even_bandwidth, lambda h, r, p, a: (r["bytes"] - h["bytes"]) / (
         h["compute_s"] - r["compute_s"]) / 1e9, "expected"),  # latency and the ring factor forgotten
-    (ex.check_break_even_bandwidth, _break_even_without_the_never_case, "case 4"),
+    (ex.check_break_even_bandwidth, _break_even_nan_for_never, "case 3"),
     (ex.check_stochastic_rounding, _round_to_nearest, "biased"),
     (ex.check_stochastic_rounding, _round_up_half_the_time, "biased"),
     (ex.check_stochastic_rounding, _round_without_the_sign, "not one of its two neighbouring levels"),

@@ -23,7 +23,7 @@ import torch.distributed.distributed_c10d as c10d
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course_lib import accumulation, collectives, costmodel, data_parallel, hooks, lowrank, powersgd
+from course_lib import accumulation, collectives, costmodel, data_parallel, hooks, lowrank, memory, powersgd
 from course_lib.launch import WorkerError, _check_picklable_by_reference, spawn
 from course_lib.support.digits import batch_slice, digits_tensors, mlp
 
@@ -769,14 +769,16 @@ def _rank1(X):  # a deterministic rank-1 compressor: two power steps from a fixe
 
 
 def _mean_and_own_buffer(grads, compress):
-    """The reference: every worker's buffer kept as the hook keeps it (what it put in, its gradient
-    plus its buffer, minus the compression of the average of what all put in), from zero; then the
-    mean of the buffers and worker 0's own."""
-    errors = [torch.zeros_like(g) for g in grads[0]]
+    """The reference: every worker's buffer kept by the package's ``memory.ErrorFeedback`` as the hook keeps
+    it (what it put in, its gradient plus its buffer, minus the compression of the average of what all
+    put in), from zero; then the mean of the buffers and worker 0's own."""
+    memories = [memory.ErrorFeedback() for _ in grads[0]]
     for step in grads:
-        corrected = [g + e for g, e in zip(step, errors)]
+        corrected = [m.compensate("g", g) for m, g in zip(memories, step)]
         update = compress(sum(corrected) / len(corrected))
-        errors = [c - update for c in corrected]
+        for m, c in zip(memories, corrected):
+            m.update("g", c, update)
+    errors = [m.memory["g"].view_as(grads[0][0]) for m in memories]
     return sum(errors) / len(errors), errors[0]
 
 
@@ -1026,15 +1028,15 @@ def check_stochastic_rounding(student_fn, draws: int = 2000) -> bool:
 
 
 def _dgc_step(g, u, v, momentum, k):
-    u = momentum * u + g
-    v = v + u
-    chosen = torch.topk(v.abs(), k).indices
-    sent = torch.zeros_like(v)
-    sent[chosen] = v[chosen]
-    v = v - sent
-    u = u.clone()
-    u[chosen] = 0
-    return sent, u, v
+    """The package's own DGC memory (``memory.DGCMemory``: momentum correction, masking) around a top-k."""
+    dgc = memory.DGCMemory(momentum, masking=True)
+    dgc.velocity["g"], dgc.memory["g"] = u.clone(), v.clone()  # the state the case starts from
+    corrected = dgc.compensate("g", g)
+    chosen = torch.topk(corrected.abs(), k).indices
+    sent = torch.zeros_like(corrected)
+    sent[chosen] = corrected[chosen]
+    dgc.update("g", corrected, sent)
+    return sent, dgc.velocity["g"], dgc.memory["g"]
 
 
 def check_dgc_step(student_fn) -> bool:
@@ -1050,31 +1052,30 @@ def check_dgc_step(student_fn) -> bool:
 
 # --- notebook 10: multi-GPU ------------------------------------------------------------------------
 
-def _break_even_busbw(hook: dict, reference: dict, world_size: int, alpha_s: float) -> float:
-    """Bisection on the cost model's predictions, in log space: where hook and reference take equally long."""
-    def gap(busbw):
-        t = costmodel.predict_step_time
-        return (t(hook["compute_s"], hook["bytes"], hook["collectives"], world_size, busbw, alpha_s)
-                - t(reference["compute_s"], reference["bytes"], reference["collectives"], world_size, busbw, alpha_s))
+def _as_compressed(hook: dict) -> dict:
+    """A ``{compute_s, bytes, collectives}`` entry as :func:`costmodel.predict_compressed_step_time` takes
+    it: its all-reduces, the bytes shared among them (the time of a ring is linear in the bytes)."""
+    n = hook["collectives"]
+    return {"compute_s": hook["compute_s"], "codec_s": 0.0, "collectives": [("all_reduce", hook["bytes"] / n)] * n}
 
-    low, high = 1e-6, 1e6
-    if gap(low) * gap(high) > 0:
-        return float("nan")
-    for _ in range(200):
-        mid = math.sqrt(low * high)
-        low, high = (mid, high) if gap(low) * gap(mid) > 0 else (low, mid)
-    return math.sqrt(low * high)
+
+def _break_even_busbw(hook: dict, reference: dict, world_size: int, alpha_s: float) -> float:
+    """The package's own answer: ``costmodel.break_even_bandwidth`` (a bisection, not the formula)."""
+    return costmodel.break_even_bandwidth(_as_compressed(hook), _as_compressed(reference), world_size, alpha_s)
 
 
 def check_break_even_bandwidth(student_fn) -> bool:
-    """``student_fn(hook, reference, world_size, alpha_s)``: the bus bandwidth (GB/s) at which the two
-    predicted step times are equal (``nan`` if never), each a dict of compute_s, bytes, collectives."""
+    """``student_fn(hook, reference, world_size, alpha_s)``: the bus bandwidth (GB/s) below which the hook's
+    predicted step is faster than the reference's: ``math.inf`` if faster at every bandwidth, ``0.0`` if at
+    none (as ``costmodel.break_even_bandwidth``), each a dict of compute_s, bytes, collectives."""
     allreduce = {"compute_s": 0.010, "bytes": 6_400_000, "collectives": 1}
     psgd = {"compute_s": 0.016, "bytes": 80_000, "collectives": 2}
     fp16 = {"compute_s": 0.011, "bytes": 3_200_000, "collectives": 1}
     cases = [(psgd, allreduce, 2, 10e-6), (psgd, allreduce, 8, 10e-6), (fp16, allreduce, 4, 20e-6),
-             (allreduce, allreduce | {"compute_s": 0.02}, 2, 10e-6),
-             (fp16 | {"compute_s": 0.009}, allreduce, 4, 20e-6)]  # fewer bytes and less compute: always faster
+             (allreduce, allreduce | {"compute_s": 0.02}, 2, 10e-6),  # less compute, the same bytes: always faster
+             (fp16 | {"compute_s": 0.009}, allreduce, 4, 20e-6),  # fewer bytes and less compute: always faster
+             (allreduce | {"compute_s": 0.02}, allreduce, 2, 10e-6),  # more compute, the same bytes: never
+             (allreduce, allreduce, 4, 10e-6)]  # the same step: never faster
     return check(student_fn, _break_even_busbw, cases, name=_name(student_fn, "break_even_bandwidth"),
                  rtol=1e-4, atol=0)
 

@@ -195,8 +195,8 @@ class BandwidthExplorer(widgets.VBox):
 
     def predictions(self, busbw: float | None = None) -> dict[str, float]:
         busbw = self.bandwidth.value if busbw is None else busbw
-        return {name: self._predict(h["compute_s"], h["bytes"], h["collectives"], self.world_size, busbw,
-                                    self.alpha_s) for name, h in self.hooks.items()}
+        return {name: self._predict(h["compute_s"], h["bytes"], h["collectives"], self.world_size, self.alpha_s,
+                                    busbw) for name, h in self.hooks.items()}
 
     def _update(self, change=None):
         pred = self.predictions()
