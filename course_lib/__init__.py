@@ -21,15 +21,18 @@ What a student learns, in the order the notebooks use it:
   QSGD, signSGD, TernGrad, fp16, bf16), numerics only;
 * ``exchange`` (08): how payloads travel: all-reduce when they can be summed, all-gather otherwise;
 * ``compression`` (08): how DDP calls them: a compressor, a memory and an exchange as one hook;
-* ``train`` (03, 07, 10): data-parallel training on the digits, in notebooks and under ``torchrun``:
-  ``TrainConfig`` in, ``TrainResult`` out.
+* ``train`` (03, 06, 07, 08, 10): data-parallel training on the digits, in notebooks and under
+  ``torchrun``: ``TrainConfig`` in (its fields in groups), the training loop step by step (batch,
+  zero_grad, forward and loss, backward, step, record), ``TrainResult`` out.
 
 The course's own support, in ``support``: none of it is an algorithm.
 
 * ``support.digits``: the bundled dataset, the MLP every notebook trains, batch slicing;
 * ``support.demos``: small workers the notebooks start to show an algorithm at work;
-* ``support.ddp_program``: torch's DDP program in plain sight, ranks under torchrun, subgroups and
-  timeouts (notebook 03);
+* ``support.ddp_program``: torch's DDP program in plain sight, the buckets DDP hands a hook, ranks
+  under torchrun, subgroups and timeouts (notebook 03);
+* ``support.hook_runs``: a training run told as how it ended (finished, raised, crashed, hung), and
+  when each hook's collectives ran, step by step (notebook 07);
 * ``support.exercises``: every exercise's check and reference answer;
 * ``support.figures``: the diagrams in ``img/`` and plots of a notebook's own results;
 * ``support.widgets``: the rank and bandwidth sliders;

@@ -102,6 +102,17 @@ def time_like_nccl_tests(run, tensor: torch.Tensor, iters: int = 20, warmup: int
     return per_iter.item() / dist.get_world_size()
 
 
+def _prepare(op: str, sizes_bytes, iters: int, warmup: int, device, fn) -> tuple:
+    """What both measurements start with: arguments checked, then ``(sizes, world size, bus factor,
+    device, the function to time)``."""
+    _check_op(op)
+    _check_loop(iters, warmup)
+    sizes_bytes = checks.integers("sizes_bytes", sizes_bytes, 1)
+    n = dist.get_world_size()
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    return sizes_bytes, n, bus_factor(op, n), device, fn or _torch_op(op, n)
+
+
 def measure_like_nccl_tests(op: str, sizes_bytes, iters: int = 20, warmup: int = 5, device=None,
                             fn=None, dtype=torch.float32) -> list[dict]:
     """Time collective ``op`` at each size as nccl-tests does (:func:`time_like_nccl_tests`: its
@@ -111,13 +122,7 @@ def measure_like_nccl_tests(op: str, sizes_bytes, iters: int = 20, warmup: int =
     correctness column. ``fn(tensor)``, when given, replaces torch's implementation; the bus factor
     still comes from ``op``.
     """
-    _check_op(op)
-    _check_loop(iters, warmup)
-    sizes_bytes = checks.integers("sizes_bytes", sizes_bytes, 1)
-    n = dist.get_world_size()
-    factor = bus_factor(op, n)
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    run = fn or _torch_op(op, n)
+    sizes_bytes, n, factor, device, run = _prepare(op, sizes_bytes, iters, warmup, device, fn)
     rows = []
     for size in sizes_bytes:
         t = _buffer(op, size, n, dtype, device)
@@ -137,13 +142,7 @@ def measure_collective(op: str, sizes_bytes, iters: int = 5, warmup: int = 1, de
     Unlike :func:`measure_like_nccl_tests`, each time includes leaving the barrier, as a collective
     issued once per training step does.
     """
-    _check_op(op)
-    _check_loop(iters, warmup)
-    sizes_bytes = checks.integers("sizes_bytes", sizes_bytes, 1)
-    n = dist.get_world_size()
-    factor = bus_factor(op, n)
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    run = fn or _torch_op(op, n)
+    sizes_bytes, n, factor, device, run = _prepare(op, sizes_bytes, iters, warmup, device, fn)
     rows = []
     for size in sizes_bytes:
         t = _buffer(op, size, n, dtype, device)

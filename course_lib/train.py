@@ -1,5 +1,13 @@
 """Data-parallel training on the digits with a choice of communication hook.
 
+Read it top to bottom: :class:`TrainConfig` is what a run takes (its fields in groups: the model
+and data, the optimizer and the run, the hook, PowerSGD's arguments, the compressors' arguments,
+what is recorded), :class:`TrainResult` what it gives back, :func:`make_hook` the config's hook for
+DDP. :func:`ddp_train` is the training loop: each step takes its batch, zeroes the gradients,
+computes the loss, runs backward (where DDP calls the hook on each bucket of gradients), steps and
+records; the recording and the model's construction are the small helpers below it.
+:func:`main` is the command line, one flag per field, in the same groups.
+
 One worker, three ways to start it:
 
 * from a notebook or a test: ``launch.spawn(ddp_train, world_size, TrainConfig(...))``;
@@ -8,10 +16,10 @@ One worker, three ways to start it:
   --rdzv-endpoint HOST:29400 -m course_lib.train --hook powersgd --matrix-approximation-rank 2`` on each node.
 
 Every rank trains on its own slice of each global batch; the hook decides what crosses the network.
-What a run takes is a :class:`TrainConfig`, what it gives back a :class:`TrainResult`. PowerSGD's
-arguments keep torch's names (``matrix_approximation_rank``, ``start_powerSGD_iter``,
+PowerSGD's arguments keep torch's names (``matrix_approximation_rank``, ``start_powerSGD_iter``,
 ``use_error_feedback``, ``warm_start``) from the command line to :class:`~course_lib.powersgd.PowerSGDState`;
-``rank`` always means a process.
+``rank`` always means a process. Runs that may crash or hang, and the notebooks' own workers, are in
+:mod:`course_lib.support` (``hook_runs``, ``ddp_program``).
 """
 
 import argparse
@@ -21,12 +29,9 @@ import gc
 import io
 import logging
 import math
-import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -35,13 +40,12 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_p
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib import compression, compressors, hooks, memory, powersgd
-from course_lib.data_parallel import Event
-from course_lib.launch import WorkerError, init_from_env, report_progress, spawn, worker_device
+from course_lib.launch import init_from_env, report_progress, worker_device
 from course_lib.support import checks
 from course_lib.support.digits import batch_slice, digits_tensors, mlp
 
 __all__ = ["HOOKS", "COMPRESSION_HOOKS", "TrainConfig", "TrainResult", "make_hook", "ddp_train", "train_several",
-           "Outcome", "try_training", "bucket_layouts", "hook_timeline", "main"]
+           "main"]
 
 # the hooks built from course_lib.compression (compression_hook with one compressor each)
 COMPRESSION_HOOKS = ("topk", "randomk", "threshold", "qsgd", "signsgd", "terngrad", "dgc")
@@ -55,11 +59,30 @@ logging.getLogger(torch_psgd.__name__).setLevel(logging.ERROR)
 @dataclass(frozen=True)
 class TrainConfig:
     """One training run. Every field has a default; change some with ``TrainConfig(hook="powersgd")``
-    or ``dataclasses.replace(config, seed=1)``."""
+    or ``dataclasses.replace(config, seed=1)``. The comments head the groups ``--help`` shows."""
 
+    # -- the model and data: an MLP n_in -> hidden (depth times) -> 10 on the digits (tiled when n_in > 64)
+    hidden: int = 64
+    depth: int = 2
+    n_in: int = 64
+    # -- the optimizer and the run
+    steps: int = 100
+    batch_size: int = 64  # global: each of the world_size ranks takes batch_size / world_size of it
+    lr: float = 0.1
+    momentum: float = 0.0
+    seed: int = 0  # the model's initialization, the batch order and PowerSGD's random_seed
+    threads: int | None = None  # compute threads of this worker from now on (None: leave them as they are)
+    # at this step, checkpoint model, optimizer and hook state with torch.save, then continue with a
+    # *new* DDP model, optimizer and hook state loaded from it, as a restarted job would
+    resume_at: int | None = None
+    # -- communication: the hook and its buckets
     hook: str = "allreduce"  # one of HOOKS
     compress_wrapper: str | None = None  # "fp16" or "bf16": hooks.fp16/bf16_compress_wrapper around the hook
-    # PowerSGD's arguments, named as torch's PowerSGDState names them (ignored by the other hooks)
+    # the hook's process group: "world" (every rank; None, the default group) or "self" (each rank
+    # a group of its own, so nothing is averaged: what the process_group argument decides, shown)
+    hook_group: str = "world"
+    bucket_cap_mb: float = 25
+    # -- PowerSGD's arguments (torch's names: PowerSGDState's; ignored by the other hooks)
     matrix_approximation_rank: int = 2
     start_powerSGD_iter: int = 10
     use_error_feedback: bool = True
@@ -68,7 +91,8 @@ class TrainConfig:
     orthogonalization_epsilon: float = 0.0
     batch_tensors_with_same_shape: bool = False
     compression_stats_logging_frequency: int = 10_000
-    # course_lib.compression's hooks (topk, randomk, threshold, qsgd, signsgd, terngrad, dgc)
+    # -- the compressors' arguments: course_lib.compression's hooks (topk, randomk, threshold, qsgd, signsgd,
+    # terngrad, dgc)
     ratio: float = 0.01  # the fraction of entries topk and randomk send; dgc's density after its warm-up
     threshold: float = 0.01  # threshold's magnitude
     levels: int = 15  # qsgd's levels: 15 = 4 bits + a sign bit per entry
@@ -82,27 +106,9 @@ class TrainConfig:
     clip_norm: float = 0.0  # dgc's local gradient clipping (0: none)
     momentum_masking: bool = True  # dgc's momentum-factor masking
     warmup_steps: int = 0  # dgc's density warm-up: 25%, 6.25%, 1.56%, 0.39% over these steps, then ratio
-    # the hook's process group: "world" (every rank; None, the default group) or "self" (each rank
-    # a group of its own, so nothing is averaged: what the process_group argument decides, shown)
-    hook_group: str = "world"
-    # the run
-    steps: int = 100
-    batch_size: int = 64  # global: each of the world_size ranks takes batch_size / world_size of it
-    lr: float = 0.1
-    momentum: float = 0.0
-    seed: int = 0  # the model's initialization, the batch order and PowerSGD's random_seed
-    # the model: an MLP n_in -> hidden (depth times) -> 10 on the digits (tiled when n_in > 64)
-    hidden: int = 64
-    depth: int = 2
-    n_in: int = 64
-    bucket_cap_mb: float = 25
-    threads: int | None = None  # compute threads of this worker from now on (None: leave them as they are)
-    # what is recorded
-    eval_every: int = 10
+    # -- what is recorded (besides the loss, bytes and times of every step)
+    eval_every: int = 10  # score the test set after every this many steps, and after the last
     record_params: bool = False  # the parameters after every step, for comparisons
-    # at this step, checkpoint model, optimizer and hook state with torch.save, then continue with a
-    # *new* DDP model, optimizer and hook state loaded from it, as a restarted job would
-    resume_at: int | None = None
 
     def __post_init__(self):
         if self.hook not in HOOKS:
@@ -261,104 +267,145 @@ def _ddp_train(rank: int, world_size: int, config: TrainConfig, out: TrainResult
     if c.threads is not None:
         torch.set_num_threads(c.threads)
     device = worker_device()
-    x_train, y_train, x_test, y_test = (t.to(device) for t in digits_tensors(seed=0))
-    if c.n_in != 64:  # wider inputs for benchmarks: the digits, tiled
-        reps = -(-c.n_in // 64)
-        x_train, x_test = x_train.repeat(1, reps)[:, : c.n_in], x_test.repeat(1, reps)[:, : c.n_in]
-
+    x_train, y_train, x_test, y_test = _digits(c.n_in, device)
     process_group = None  # the hook's; None: the default group
     if c.hook_group == "self":
         # every rank takes part in creating every group, then uses its own
         process_group = [dist.new_group([r]) for r in range(world_size)][rank]
-
-    def build(checkpoint=None):
-        net = mlp(hidden=c.hidden, depth=c.depth, seed=c.seed, n_in=c.n_in).to(device)
-        if checkpoint is not None:
-            net.load_state_dict(checkpoint["model"])
-        model = DDP(net, bucket_cap_mb=c.bucket_cap_mb)
-        state, hook = make_hook(c, process_group)
-        if checkpoint is not None:
-            state = checkpoint["hook_state"]
-            if process_group is not None and hasattr(state, "process_group"):  # unpickled: the default group
-                state.process_group = process_group
-
-        @functools.wraps(hook)  # its name too: DDP checks hooks by name, and logs it
-        def noting_entry(hook_state, bucket, hook=hook):  # the hook, and when its first bucket was ready
-            if bucket.index() == 0:
-                out.hook_enter_s.append(time.perf_counter())
-            return hook(hook_state, bucket)
-
-        model.register_comm_hook(state, noting_entry)
-        opt = torch.optim.SGD(model.parameters(), lr=c.lr, momentum=c.momentum)
-        if checkpoint is not None:
-            opt.load_state_dict(checkpoint["optimizer"])
-        return model, state, opt
-
+    build = functools.partial(_build, c, device, process_group, out.hook_enter_s)
     model, state, opt = build()
     order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(c.seed)).to(device)
     out.threads = torch.get_num_threads()
     hooks.traffic.reset()
+
+    # each step: its batch, zero_grad, forward and loss, backward (the hook), step; then what is recorded
     for step in range(c.steps):
-        if step == c.resume_at:
-            # The hook state is pickled whole, as torch's documentation shows for its PowerSGDState
-            # (the process group is left out; torch.load needs weights_only=False for it).
-            buf = io.BytesIO()
-            torch.save({"model": model.module.state_dict(), "optimizer": opt.state_dict(), "hook_state": state}, buf)
+        if step == c.resume_at:  # as a restarted job: save everything, drop it, go on from what was saved
+            saved = _save(model, state, opt)
             del model, state, opt
-            buf.seek(0)
-            model, state, opt = build(torch.load(buf, weights_only=False))
-        idx = order[batch_slice(step, c.batch_size, len(x_train), rank, world_size)]
-        codec_before = getattr(state, "codec_s", 0.0)
-        t0 = time.perf_counter()
+            model, state, opt = build(saved)
+        rows = order[batch_slice(step, c.batch_size, len(x_train), rank, world_size)]  # this rank's batch
+        codec_before, t0 = getattr(state, "codec_s", 0.0), time.perf_counter()
         opt.zero_grad()
-        loss = nn.functional.cross_entropy(model(x_train[idx]), y_train[idx])
-        loss.backward()
+        loss = nn.functional.cross_entropy(model(x_train[rows]), y_train[rows])
+        loss.backward()  # DDP hands each bucket of gradients to the hook as it fills: the communication
         out.backward_end_s.append(time.perf_counter())
         opt.step()
         if device.type == "cuda":
-            torch.cuda.synchronize(device)
+            torch.cuda.synchronize(device)  # the step has run, not only been queued
         out.step_time_s.append(time.perf_counter() - t0)
-        if hasattr(state, "codec_s"):
+        if hasattr(state, "codec_s"):  # the compression hooks' encode + decode seconds, this step
             out.codec_s.append(state.codec_s - codec_before)
-        # the loss of the global batch: average over ranks (not counted as hook traffic)
-        avg = loss.detach().clone()
-        dist.all_reduce(avg)
-        out.loss.append(avg.item() / world_size)
-        out.bytes.append(hooks.traffic.bytes)
-        out.collectives.append(hooks.traffic.collectives)
-        out.by_op.append({op: tuple(tally) for op, tally in hooks.traffic.by_op.items()})
-        # (after the timing; step() leaves .grad as the hook delivered it)
-        out.grad_norm.append(sum(p.grad.double().square().sum().item() for p in model.parameters()) ** 0.5)
-        errors = getattr(state, "error_dict", None)
-        if errors is not None:  # the error-feedback memory (ours per parameter, torch's per bucket)
-            out.error_norm.append(sum(e.double().square().sum().item() for e in errors.values()) ** 0.5)
-            # its mean over the hook's ranks (same keys on every rank: one all-reduce, not hook traffic)
-            mine = torch.cat([errors[k].double().flatten() for k in sorted(errors)]) if errors else None
-            if mine is None or mine.numel() == 0:
-                out.mean_error_norm.append(0.0)
-                out.error_minus_mean_norm.append(0.0)
-            else:
-                mean = mine.clone()
-                dist.all_reduce(mean, group=process_group)
-                mean /= dist.get_world_size(process_group)
-                out.mean_error_norm.append(mean.norm().item())
-                out.error_minus_mean_norm.append((mine - mean).norm().item())
-        if c.record_params:
-            out.params.append(torch.cat([p.detach().flatten() for p in model.module.parameters()]).cpu())
+        _record_step(out, loss, model, state, process_group, c.record_params)
         report_progress()
         if not math.isfinite(out.loss[-1]):  # every rank has the same averaged loss: all stop together
             out.diverged_at = step
             break
         if (step + 1) % c.eval_every == 0 or step + 1 == c.steps:
-            with torch.no_grad():
-                logits = model.module(x_test)
-                out.test_step.append(step + 1)
-                out.test_accuracy.append((logits.argmax(1) == y_test).float().mean().item())
-                out.test_loss.append(nn.functional.cross_entropy(logits, y_test).item())
+            _evaluate(out, step + 1, model.module, x_test, y_test)
+
     out.final_params = [p.detach().cpu().clone() for p in model.module.parameters()]
     if hasattr(state, "compression_stats"):
         out.compression_stats = state.compression_stats()
     return out
+
+
+def _digits(n_in: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The digits on ``device``; with ``n_in`` > 64, wider inputs for benchmarks: the digits, tiled."""
+    x_train, y_train, x_test, y_test = (t.to(device) for t in digits_tensors(seed=0))
+    if n_in != 64:
+        reps = -(-n_in // 64)
+        x_train, x_test = x_train.repeat(1, reps)[:, :n_in], x_test.repeat(1, reps)[:, :n_in]
+    return x_train, y_train, x_test, y_test
+
+
+def _build(c: TrainConfig, device: torch.device, process_group, hook_enter_s: list[float], saved=None):
+    """``(model, hook state, optimizer)``: a new DDP model with the config's hook registered, and SGD;
+    loaded from what :func:`_save` wrote, when given."""
+    checkpoint = None if saved is None else torch.load(saved, weights_only=False)
+    net = mlp(hidden=c.hidden, depth=c.depth, seed=c.seed, n_in=c.n_in).to(device)
+    if checkpoint is not None:
+        net.load_state_dict(checkpoint["model"])
+    model = DDP(net, bucket_cap_mb=c.bucket_cap_mb)
+    state, hook = make_hook(c, process_group)
+    if checkpoint is not None:
+        state = checkpoint["hook_state"]
+        if process_group is not None and hasattr(state, "process_group"):  # unpickled: the default group
+            state.process_group = process_group
+
+    @functools.wraps(hook)  # its name too: DDP checks hooks by name, and logs it
+    def noting_entry(hook_state, bucket, hook=hook):  # the hook, and when its first bucket was ready
+        if bucket.index() == 0:
+            hook_enter_s.append(time.perf_counter())
+        return hook(hook_state, bucket)
+
+    model.register_comm_hook(state, noting_entry)
+    opt = torch.optim.SGD(model.parameters(), lr=c.lr, momentum=c.momentum)
+    if checkpoint is not None:
+        opt.load_state_dict(checkpoint["optimizer"])
+    return model, state, opt
+
+
+def _save(model: DDP, state, opt: torch.optim.Optimizer) -> io.BytesIO:
+    """The checkpoint of a restart: model, optimizer and hook state, written with torch.save. The hook
+    state is pickled whole, as torch's documentation shows for its PowerSGDState (the process group
+    is left out; torch.load needs weights_only=False for it)."""
+    buf = io.BytesIO()
+    torch.save({"model": model.module.state_dict(), "optimizer": opt.state_dict(), "hook_state": state}, buf)
+    buf.seek(0)
+    return buf
+
+
+def _record_step(out: TrainResult, loss: torch.Tensor, model: DDP, state, process_group, record_params: bool):
+    """After the step (and its timing): the loss, what the hook sent, the gradient it delivered,
+    its error-feedback memory and, with ``record_params``, the parameters."""
+    out.loss.append(_global_loss(loss))
+    out.bytes.append(hooks.traffic.bytes)
+    out.collectives.append(hooks.traffic.collectives)
+    out.by_op.append({op: tuple(tally) for op, tally in hooks.traffic.by_op.items()})
+    out.grad_norm.append(_norm(p.grad for p in model.parameters()))  # step() leaves .grad as the hook delivered it
+    errors = getattr(state, "error_dict", None)
+    if errors is not None:  # the error-feedback memory (ours per parameter, torch's per bucket)
+        _record_error_memory(out, errors, process_group)
+    if record_params:
+        out.params.append(torch.cat([p.detach().flatten() for p in model.module.parameters()]).cpu())
+
+
+def _global_loss(loss: torch.Tensor) -> float:
+    """The loss of the global batch: this rank's averaged over the ranks (not counted as hook traffic)."""
+    avg = loss.detach().clone()
+    dist.all_reduce(avg)
+    return avg.item() / dist.get_world_size()
+
+
+def _norm(tensors) -> float:
+    """The 2-norm of several tensors together, summed in float64."""
+    return sum(t.double().square().sum().item() for t in tensors) ** 0.5
+
+
+def _record_error_memory(out: TrainResult, errors: dict, process_group) -> None:
+    """The memory's norm, the norm of its mean over the hook's ranks (e-bar) and of this rank's part
+    that is not the mean (e - e-bar). Same keys on every rank: one all-reduce, not hook traffic."""
+    out.error_norm.append(_norm(errors.values()))
+    mine = torch.cat([errors[k].double().flatten() for k in sorted(errors)]) if errors else None
+    if mine is None or mine.numel() == 0:
+        out.mean_error_norm.append(0.0)
+        out.error_minus_mean_norm.append(0.0)
+        return
+    mean = mine.clone()
+    dist.all_reduce(mean, group=process_group)
+    mean /= dist.get_world_size(process_group)
+    out.mean_error_norm.append(mean.norm().item())
+    out.error_minus_mean_norm.append((mine - mean).norm().item())
+
+
+def _evaluate(out: TrainResult, steps_done: int, net: nn.Module, x_test: torch.Tensor, y_test: torch.Tensor):
+    """Score the test set (every rank, on its own: the ranks' models are the same)."""
+    with torch.no_grad():
+        logits = net(x_test)
+        out.test_step.append(steps_done)
+        out.test_accuracy.append((logits.argmax(1) == y_test).float().mean().item())
+        out.test_loss.append(nn.functional.cross_entropy(logits, y_test).item())
 
 
 def train_several(rank: int, world_size: int, configs: list[TrainConfig]) -> list[TrainResult]:
@@ -367,117 +414,13 @@ def train_several(rank: int, world_size: int, configs: list[TrainConfig]) -> lis
     return [ddp_train(rank, world_size, c) for c in configs]
 
 
-class Outcome(NamedTuple):
-    """How a run of :func:`try_training` ended: ``kind`` is ``"finished"``, ``"raised <ExceptionType>"``
-    (a worker raised), ``"crashed"`` (a worker process died) or ``"hung"`` (killed at the timeout)."""
-
-    kind: str
-    seconds: float
-    detail: str
-
-
-def _ddp_train_quietly(rank: int, world_size: int, config, stderr_dir: str):
-    # What a worker's C++ code writes before aborting goes to fd 2, which Jupyter shows in the cell
-    # that started it; here it goes to a file that try_training reads.
-    fd = os.open(os.path.join(stderr_dir, f"rank{rank}.txt"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    os.dup2(fd, 2)
-    os.close(fd)
-    if isinstance(config, TrainConfig):
-        return ddp_train(rank, world_size, config)
-    return train_several(rank, world_size, config)
-
-
-def try_training(config: TrainConfig | list[TrainConfig], world_size: int = 2, timeout_s: float = 10.0) -> Outcome:
-    """Train ``config`` on ``world_size`` gloo processes and say how it ended, instead of raising.
-
-    For hooks that may crash, hang or raise (torch's layer-wise PowerSGD hook with several buckets on
-    gloo; its batched hook, which raises anywhere): a hang is cut off after ``timeout_s`` seconds and
-    reported as ``"hung"``; what a crashed worker wrote to its stderr before dying ends up in
-    ``detail``. A list of configs is trained one after another in the same processes
-    (``"finished"`` when all did; else how the first failure ended).
-    """
-    start = time.monotonic()
-    with tempfile.TemporaryDirectory() as stderr_dir:
-        try:
-            spawn(_ddp_train_quietly, world_size, config, stderr_dir, backend="gloo", timeout_s=timeout_s)
-            kind, detail = "finished", ""
-        except TimeoutError as e:
-            kind, detail = "hung", str(e).split(";")[0]
-        except WorkerError as e:
-            kind = "crashed" if e.exc_type == "ProcessExited" else f"raised {e.exc_type}"
-            frames = [ln.strip() for ln in e.worker_traceback.splitlines() if ln.strip().startswith("File ")]
-            where = f" ({frames[-1].rsplit(', ', 1)[-1]})" if frames else ""
-            detail = f"rank {e.rank}{where}: {e.message}".rstrip(": ")
-            if kind == "crashed":
-                with open(os.path.join(stderr_dir, f"rank{e.rank}.txt"), errors="replace") as fh:
-                    last = [ln.strip() for ln in fh if ln.strip()][-1:]
-                detail = f"rank {e.rank} died" + (f"; its stderr: {last[0]}" if last else "")
-    return Outcome(kind, time.monotonic() - start, detail)
-
-
-def bucket_layouts(rank: int, world_size: int, hidden: int = 512, bucket_cap_mb: float = 1.0,
-                   iterations: int = 2) -> list[dict]:
-    """Worker: the buckets DDP hands its hook in the first ``iterations`` iterations of a new model."""
-    x, y, _, _ = digits_tensors(seed=0)
-    model = DDP(mlp(hidden=hidden, seed=0), bucket_cap_mb=bucket_cap_mb)
-    log = hooks.BucketLog()
-    model.register_comm_hook(log, hooks.logging_allreduce_hook)
-    for it in range(iterations):
-        before = len(log.calls)
-        nn.functional.cross_entropy(model(x[:32]), y[:32]).backward()
-        for call in log.calls[before:]:
-            call["iteration"] = it
-    return log.calls
-
-
-def hook_timeline(rank: int, world_size: int, config: TrainConfig,
-                  hook_names: tuple = ("powersgd", "ordered_powersgd")) -> dict:
-    """Worker: ``config.steps`` steps with each hook in ``hook_names`` in turn, step by step (all see
-    the same machine load); per hook, the timeline of the last step in the format of
-    :func:`course_lib.support.figures.plot_timeline`, and each step's time (forward, backward,
-    communication, update).
-
-    ``events`` holds ``data_parallel.Event("backward", parameter, start, end)`` for each gradient
-    (from the previous gradient, or from the start of backward, until this one was accumulated) and
-    ``Event("all_reduce", thread, start, end)`` for each collective the hook issued, named by the
-    thread that issued it. The rest of ``config`` (model, buckets, PowerSGD's arguments) applies to
-    every hook.
-    """
-    x, y, _, _ = digits_tensors(seed=0)
-    runs = {}
-    for name in hook_names:
-        c = dataclasses.replace(config, hook=name)
-        model = DDP(mlp(hidden=c.hidden, depth=c.depth, seed=c.seed, n_in=c.n_in), bucket_cap_mb=c.bucket_cap_mb)
-        model.register_comm_hook(*make_hook(c))
-        ready: list = []
-        for pname, p in model.module.named_parameters():
-            p.register_post_accumulate_grad_hook(
-                lambda p, pname=pname, ready=ready: ready.append((pname, time.perf_counter())))
-        runs[name] = {"model": model, "ready": ready, "opt": torch.optim.SGD(model.parameters(), lr=c.lr),
-                      "step_s": []}
-    for step in range(config.steps):
-        idx = batch_slice(step, config.batch_size, len(x), rank, world_size)
-        for run in runs.values():
-            dist.barrier()
-            hooks.traffic.reset()
-            collectives = hooks.traffic.record_timeline()
-            run["ready"].clear()
-            start = time.perf_counter()
-            run["opt"].zero_grad()
-            loss = nn.functional.cross_entropy(run["model"](x[idx]), y[idx])
-            backward_start = time.perf_counter()
-            loss.backward()
-            run["opt"].step()
-            run["step_s"].append(time.perf_counter() - start)
-            dist.barrier()  # every collective of this step has completed on every rank
-            events, previous = [], backward_start
-            for pname, at in run["ready"]:
-                events.append(Event("backward", pname, previous, at))
-                previous = at
-            events += [Event("all_reduce", done.thread, done.start_s, done.end_s) for done in collectives]
-            run["step_start_s"], run["events"] = start, events
-    hooks.traffic.reset()
-    return {name: {k: run[k] for k in ("step_start_s", "events", "step_s")} for name, run in runs.items()}
+# The flags' groups in --help, as TrainConfig's comments head them: each group starts at its first field.
+_FLAG_GROUPS = {"hidden": "the model and data",
+                "steps": "the optimizer and the run",
+                "hook": "communication: the hook and its buckets",
+                "matrix_approximation_rank": "PowerSGD's arguments (torch's names)",
+                "ratio": "the compressors' arguments",
+                "eval_every": "what is recorded"}
 
 
 def _argument_parser() -> argparse.ArgumentParser:
@@ -485,22 +428,25 @@ def _argument_parser() -> argparse.ArgumentParser:
     # TrainConfig.matrix_approximation_rank, which becomes PowerSGDState.matrix_approximation_rank.
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
+    group = ap
     for f in dataclasses.fields(TrainConfig):
+        if f.name in _FLAG_GROUPS:
+            group = ap.add_argument_group(_FLAG_GROUPS[f.name])
         flag = "--" + f.name.replace("_", "-")
         if f.name == "hook":
-            ap.add_argument(flag, choices=HOOKS, default=f.default)
+            group.add_argument(flag, choices=HOOKS, default=f.default)
         elif f.type in (bool, "bool"):
-            ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
         elif f.name == "sign_aggregate":
-            ap.add_argument(flag, choices=["mean", "majority"], default=f.default)
+            group.add_argument(flag, choices=["mean", "majority"], default=f.default)
         elif f.name == "memory":
-            ap.add_argument(flag, choices=["auto", "error_feedback", "none"], default=f.default)
+            group.add_argument(flag, choices=["auto", "error_feedback", "none"], default=f.default)
         elif f.name == "compress_wrapper":
-            ap.add_argument(flag, choices=["fp16", "bf16"], default=None)
+            group.add_argument(flag, choices=["fp16", "bf16"], default=None)
         elif f.name in ("resume_at", "threads"):
-            ap.add_argument(flag, type=int, default=f.default)
+            group.add_argument(flag, type=int, default=f.default)
         else:
-            ap.add_argument(flag, type=type(f.default), default=f.default)
+            group.add_argument(flag, type=type(f.default), default=f.default)
     return ap
 
 

@@ -9,7 +9,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_p
 
 from course_lib import powersgd
 from course_lib.launch import WorkerError, spawn
-from course_lib.train import TrainConfig, ddp_train, train_several, try_training
+from course_lib.support.hook_runs import hook_timeline, try_training
+from course_lib.train import TrainConfig, ddp_train, train_several
 from tests import ddp_workers as W
 
 
@@ -180,8 +181,8 @@ def test_try_training_says_how_torchs_layerwise_hook_ends_with_many_buckets_on_g
     assert layerwise.kind in ("crashed", "hung"), layerwise
     if layerwise.kind == "crashed":
         assert "collective mismatch" in layerwise.detail, layerwise.detail
-    else:
-        assert 10 <= layerwise.seconds < 20
+    else:  # cut off at the timeout, not before (how long after depends on the machine: not checked)
+        assert layerwise.seconds >= 10
 
 
 def test_torchs_batched_hook_fails_with_one_bucket_on_one_process():
@@ -297,7 +298,6 @@ def test_compress_on_one_process_is_exact_where_the_rank_allows(batched):
 
 
 def test_hook_timeline_shows_which_thread_issues_the_collectives():
-    from course_lib.train import hook_timeline
     cfg = TrainConfig(hidden=128, depth=3, bucket_cap_mb=0.05, steps=4, start_powerSGD_iter=2)
     for rank, out in enumerate(spawn(hook_timeline, 2, cfg, backend="gloo", timeout_s=120)):
         counts = {}

@@ -1,5 +1,6 @@
 """The training script as a user runs it: under torchrun, 2 CPU processes."""
 
+import dataclasses
 import subprocess
 import sys
 
@@ -116,3 +117,22 @@ def test_the_script_exits_1_and_says_to_lower_the_rate_when_training_diverges():
     assert proc.returncode != 0, proc.stdout
     assert "training diverged: the loss was nan at step 1" in proc.stderr
     assert "Lower --lr (it was 1e+20)" in proc.stderr
+
+
+def test_help_lists_the_flags_in_trainconfigs_groups():
+    sections, title = {}, None
+    for line in _argument_parser().format_help().splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            title = line[:-1]
+        elif title and line.startswith("  --"):
+            sections.setdefault(title, []).append(line.split()[0].rstrip(","))
+    assert sections["options"] == ["--backend"]  # (and -h): every field's flag is in a group
+    flags = [flag for title, group in sections.items() if title != "options" for flag in group]
+    assert flags == ["--" + f.name.replace("_", "-") for f in dataclasses.fields(TrainConfig)]
+    assert sections["the model and data"] == ["--hidden", "--depth", "--n-in"]
+    assert sections["communication: the hook and its buckets"] == ["--hook", "--compress-wrapper", "--hook-group",
+                                                                  "--bucket-cap-mb"]
+    assert sections["PowerSGD's arguments (torch's names)"][:2] == ["--matrix-approximation-rank",
+                                                                    "--start-powerSGD-iter"]
+    assert "--ratio" in sections["the compressors' arguments"]
+    assert sections["what is recorded"] == ["--eval-every", "--record-params"]

@@ -7,5 +7,11 @@
 * ``figures``: the diagrams in ``img/`` and the plots drawn from a notebook's own results;
 * ``widgets``: the sliders (rank, bandwidth) of the interactive explorers;
 * ``timing``: the median of repeated timings;
-* ``shapes``: parameter shapes of well-known models, written out from their architecture.
+* ``shapes``: parameter shapes of well-known models, written out from their architecture;
+* ``ddp_program``: torch's DDP program in plain sight, ranks under torchrun, subgroups and timeouts,
+  the buckets DDP hands its hook (notebook 03);
+* ``hook_runs``: runs that may crash or hang, reported instead of raised, and the hooks' timelines
+  (notebook 07);
+* ``checks``: argument checks that name the bad argument, its value and what is allowed;
+* ``progress``: a progress bar that a saved notebook shows finished.
 """

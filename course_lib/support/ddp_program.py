@@ -7,7 +7,7 @@ leaves. ``torch.multiprocessing.spawn`` starts it; ``course_lib.launch.spawn`` s
 (``python -m course_lib.support.ddp_program``), this module prints the ranks torchrun gave it.
 ``one_step_gradients`` and ``check_gradient`` test communication hooks: a hook is right when the
 gradient it leaves after one backward is the whole batch's, computed in one process, to within
-the rounding of the hook's precision.
+the rounding of the hook's precision. ``bucket_layouts`` shows the buckets DDP hands its hook.
 """
 
 import datetime
@@ -30,7 +30,7 @@ from course_lib.train import TrainConfig, make_hook
 
 __all__ = ["train_steps", "ddp_program", "fail_on_rank_one", "torch_bf16_refusal", "ddp_accepts_bf16_hook",
            "torch_fp16_wrapped_allreduce_hook", "one_step_gradients",
-           "TOLERANCE", "relative_error", "check_gradient", "subgroup_and_timeout", "print_ranks",
+           "TOLERANCE", "relative_error", "check_gradient", "bucket_layouts", "subgroup_and_timeout", "print_ranks",
            "two_node_torchrun"]
 
 
@@ -158,6 +158,21 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 def check_gradient(got: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype = torch.float32) -> bool:
     """Whether ``got`` is ``reference`` to within ``TOLERANCE[dtype]`` (relative, in norm)."""
     return relative_error(got, reference) <= TOLERANCE[dtype]
+
+
+def bucket_layouts(rank: int, world_size: int, hidden: int = 512, bucket_cap_mb: float = 1.0,
+                   iterations: int = 2) -> list[dict]:
+    """Worker: the buckets DDP hands its hook in the first ``iterations`` iterations of a new model."""
+    x, y, _, _ = digits_tensors(seed=0)
+    model = DDP(mlp(hidden=hidden, seed=0), bucket_cap_mb=bucket_cap_mb)
+    log = hooks.BucketLog()
+    model.register_comm_hook(log, hooks.logging_allreduce_hook)
+    for it in range(iterations):
+        before = len(log.calls)
+        nn.functional.cross_entropy(model(x[:32]), y[:32]).backward()
+        for call in log.calls[before:]:
+            call["iteration"] = it
+    return log.calls
 
 
 def subgroup_and_timeout(rank: int, world_size: int, timeout_s: float = 2.0) -> dict:

@@ -405,6 +405,23 @@ def _token_step_worker(rank: int, world_size: int, student_fn) -> dict:
     }
 
 
+def _run_student(worker, world_size: int, student_fn, name: str, timeout_s: float = 60) -> list | None:
+    """``spawn(worker, world_size, student_fn)`` on gloo; the results, or ``None`` after printing why not
+    (not written yet, a rank that raised, or no answer: a deadlock)."""
+    try:
+        return spawn(worker, world_size, student_fn, backend="gloo", timeout_s=timeout_s)
+    except WorkerError as e:
+        if e.exc_type == "NotImplementedError":
+            print(f"[not yet] {name}: replace the `raise NotImplementedError` with your code, save the file, "
+                  f"then run this again.")
+        else:
+            print(f"[FAIL] {name}, world size {world_size}: rank {e.rank} raised {e.exc_type}: {e.message}")
+    except TimeoutError:
+        print(f"[FAIL] {name}, world size {world_size}: no answer after {timeout_s:g} s. A deadlock? Every rank "
+              f"must call the same collectives in the same order.")
+    return None
+
+
 def check_ddp_token_step(student_fn) -> bool:
     """``student_fn(model, micro_batches)`` in a ``.py`` file: one accumulation step under DDP on
     sequences of unequal lengths. ``model`` is a DDP-wrapped ``accumulation.bigram_lm()``,
@@ -415,18 +432,8 @@ def check_ddp_token_step(student_fn) -> bool:
     name = _name(student_fn, "ddp_token_step", in_processes=True)
     k = _TOKEN_EXERCISE["k"]
     for world_size in (2, 3):
-        try:
-            results = spawn(_token_step_worker, world_size, student_fn, backend="gloo", timeout_s=60)
-        except WorkerError as e:
-            if e.exc_type == "NotImplementedError":
-                print(f"[not yet] {name}: replace the `raise NotImplementedError` with your code, save the file, "
-                      f"then run this again.")
-            else:
-                print(f"[FAIL] {name}, world size {world_size}: rank {e.rank} raised {e.exc_type}: {e.message}")
-            return False
-        except TimeoutError:
-            print(f"[FAIL] {name}, world size {world_size}: no answer after 60 s. A deadlock? Every rank must "
-                  f"call the same collectives in the same order.")
+        results = _run_student(_token_step_worker, world_size, student_fn, name)
+        if results is None:
             return False
         for rank, r in enumerate(results):
             where = f"[FAIL] {name}, world size {world_size}, rank {rank} (tokens per micro-batch {r['tokens']})"
@@ -910,18 +917,8 @@ def check_powersgd_hook(student_fn) -> bool:
     leave the parameters of ``powersgd.powerSGD_hook`` after every step, to 1e-4 relative."""
     name = _name(student_fn, "my_powersgd_hook", in_processes=True)
     c, world_size = _HOOK_EXERCISE, 2
-    try:
-        results = spawn(_hook_exercise_worker, world_size, student_fn, backend="gloo", timeout_s=60)
-    except WorkerError as e:
-        if e.exc_type == "NotImplementedError":
-            print(f"[not yet] {name}: replace the `raise NotImplementedError` with your code, save the file, "
-                  f"then run this again.")
-        else:
-            print(f"[FAIL] {name}: rank {e.rank} raised {e.exc_type}: {e.message}")
-        return False
-    except TimeoutError:
-        print(f"[FAIL] {name}: no answer after 60 s. A deadlock? Every rank must call the same collectives "
-              f"in the same order.")
+    results = _run_student(_hook_exercise_worker, world_size, student_fn, name)
+    if results is None:
         return False
     for rank, out in enumerate(results):
         for step, (expected, got) in enumerate(zip(out["reference"], out["student"])):
