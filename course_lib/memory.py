@@ -66,6 +66,18 @@ def _pieces(key, numel: int) -> tuple:
     return ((key, numel),)
 
 
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The pieces as one flat tensor: a view when they lie one after another in one buffer (as
+    ``_Memory._put`` leaves a layout it was given whole), else a copy."""
+    first = parts[0]
+    offset, ptr = first.storage_offset(), first.untyped_storage().data_ptr()
+    for part in parts:
+        if part.untyped_storage().data_ptr() != ptr or part.storage_offset() != offset or not part.is_contiguous():
+            return torch.cat(parts)
+        offset += part.numel()
+    return first.as_strided((offset - first.storage_offset(),), (1,), first.storage_offset())
+
+
 class _Memory:
     """Tensors kept between steps, per parameter when the key is a layout ``((key, numel), ...)``:
     the hook passes its bucket's layout, so what is kept follows the parameters when DDP rebuilds
@@ -76,7 +88,7 @@ class _Memory:
         pieces = _pieces(key, numel)
         if any(k not in store for k, _ in pieces):
             return None
-        kept = torch.cat([store[k] for k, _ in pieces]) if len(pieces) > 1 else store[pieces[0][0]]
+        kept = _joined([store[k] for k, _ in pieces])
         if kept.numel() != numel:
             raise ValueError(f"the memory kept {kept.numel()} numbers for key {key!r}, and now gets {numel}: a memory "
                              f"belongs to one model's tensors. Make a new one when the tensors change.")

@@ -442,3 +442,18 @@ def test_per_tensor_is_refused_where_it_means_nothing():
     State = compression.CompressionState
     assert State(C.QSGD(15)).per_tensor and not State(C.TopK(0.1)).per_tensor
     assert not State(C.RandomK(0.1, scaled=True)).per_tensor  # scaled by numel/k, no scale of its own
+
+
+def test_a_memory_follows_parameters_whatever_the_bucket_layout():
+    # DDP's first iteration lays a bucket out in parameter order, later ones in gradient-ready order: the
+    # memory must hand each parameter its own error whatever the order, and read back a layout it kept
+    # whole as a view of what it kept (no copy), a reordered one as a copy.
+    m = memory.ErrorFeedback()
+    first, rebuilt = ((0, 4), (1, 6)), ((1, 6), (0, 4))
+    corrected = torch.arange(10.0)
+    m.update(first, corrected, torch.zeros(10))  # parameter 0 left out 0..3, parameter 1 left out 4..9
+    assert torch.equal(m.compensate(rebuilt, torch.zeros(10)), torch.cat([corrected[4:], corrected[:4]]))
+    kept = m.memory[0]
+    whole = memory._joined([m.memory[0], m.memory[1]])
+    assert whole.data_ptr() == kept.data_ptr() and torch.equal(whole, corrected)
+    assert torch.equal(memory._joined([m.memory[1], m.memory[0]]), torch.cat([corrected[4:], corrected[:4]]))
