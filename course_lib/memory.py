@@ -58,6 +58,14 @@ class ParameterKeys:
         is loaded, so that a new model's parameters find their memory)."""
         self._keys, self._next = {}, 0
 
+    def __getstate__(self) -> dict:
+        # Saved with a checkpoint, the keys start afresh when it is loaded: the parameters are then a
+        # new model's, and take keys 0, 1, ... in the same first layout as the saved ones did.
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.reset()
+
 
 def _pieces(key, numel: int) -> tuple:
     # A key that is a layout, ((parameter key, numel), ...), is kept piece by piece; any other key whole.
