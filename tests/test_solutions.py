@@ -174,6 +174,18 @@ def _break_even_nan_for_never(h, r, p, a):
     return crossing if crossing > 0 else math.nan
 
 
+def _break_even_formula_where_never(h, r, p, a):
+    """inf and the identical step handled, the formula everywhere else: a hook dearer in both compute and
+    bytes gets a negative bandwidth instead of 0.0 (faster nowhere)."""
+    fixed = h["compute_s"] - r["compute_s"] + (h["collectives"] - r["collectives"]) * 2 * (p - 1) * a
+    saved = r["bytes"] - h["bytes"]
+    if fixed <= 0 and saved >= 0 and (fixed, saved) != (0, 0):
+        return math.inf
+    if fixed >= 0 and saved == 0:
+        return 0.0
+    return 2 * (p - 1) / p * saved / fixed / 1e9
+
+
 # answers a student might give, each wrong in one way the exercise is about; what the check says
 def _buffers_compressed_per_worker(grads, compress):
     """Error feedback as on one worker, on each: every worker compresses its own corrected gradient."""
@@ -272,6 +284,7 @@ NEAR_MISSES = [
     (ex.check_break_even_bandwidth, lambda h, r, p, a: (r["bytes"] - h["bytes"]) / (
         h["compute_s"] - r["compute_s"]) / 1e9, "expected"),  # latency and the ring factor forgotten
     (ex.check_break_even_bandwidth, _break_even_nan_for_never, "case 3"),
+    (ex.check_break_even_bandwidth, _break_even_formula_where_never, "case 6"),
     (ex.check_stochastic_rounding, _round_to_nearest, "biased"),
     (ex.check_stochastic_rounding, _round_up_half_the_time, "biased"),
     (ex.check_stochastic_rounding, _round_without_the_sign, "not one of its two neighbouring levels"),

@@ -1072,6 +1072,7 @@ def check_break_even_bandwidth(student_fn) -> bool:
              (allreduce, allreduce | {"compute_s": 0.02}, 2, 10e-6),  # less compute, the same bytes: always faster
              (fp16 | {"compute_s": 0.009}, allreduce, 4, 20e-6),  # fewer bytes and less compute: always faster
              (allreduce | {"compute_s": 0.02}, allreduce, 2, 10e-6),  # more compute, the same bytes: never
+             (allreduce | {"compute_s": 0.02, "bytes": 7_000_000}, allreduce, 2, 10e-6),  # more of both: never
              (allreduce, allreduce, 4, 10e-6)]  # the same step: never faster
     return check(student_fn, _break_even_busbw, cases, name=_name(student_fn, "break_even_bandwidth"),
                  rtol=1e-4, atol=0)
