@@ -129,7 +129,8 @@ def saved_activation_bytes(model: nn.Module, x: torch.Tensor) -> int:
     """Bytes that autograd keeps alive between forward and backward for one forward pass of ``x``.
 
     Measured, not estimated: ``saved_tensors_hooks`` sees every tensor that an operation saves for
-    its backward. Parameters (which exist anyway) are left out, and a tensor saved by two
+    its backward. Parameters (which exist anyway) are left out, and so are views of any leaf that
+    autograd differentiates into (a sharded model's gathered parameters); a tensor saved by two
     operations (a ReLU's output is also the next Linear's input) is counted once.
     """
     param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -137,7 +138,8 @@ def saved_activation_bytes(model: nn.Module, x: torch.Tensor) -> int:
 
     def pack(t: torch.Tensor):
         ptr = t.untyped_storage().data_ptr()
-        if ptr not in param_storages:
+        of_a_leaf = t.requires_grad and (t.is_leaf or (t._base is not None and t._base.is_leaf))
+        if ptr not in param_storages and not of_a_leaf:
             # the tensor's own bytes, not its storage's: a saved input may be a slice of a dataset
             seen[ptr] = max(seen.get(ptr, 0), t.numel() * t.element_size())
         return t

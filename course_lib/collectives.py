@@ -17,14 +17,36 @@ same shape and dtype (and name the same root); with ``TORCH_DISTRIBUTED_DEBUG=DE
 """
 
 import os
+import threading
 
 import torch
 import torch.distributed as dist
 
 __all__ = [
     "naive_all_reduce", "tree_broadcast", "tree_reduce", "ring_all_reduce", "ring_shift",
-    "blocking_ring_shift", "reduce_scatter",
+    "blocking_ring_shift", "ring_reduce_scatter", "ring_all_gather", "reduce_scatter", "sent",
 ]
+
+
+class Sent:
+    """Bytes this process has sent with the point-to-point messages of this module's collectives:
+    what crossed its link, counted where it is sent (``sent.bytes``; ``sent.reset()``). Threads may
+    run collectives at once (on different groups), so the count takes a lock."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.bytes = 0
+
+    def reset(self) -> None:
+        with self._lock:
+            self.bytes = 0
+
+    def add(self, tensor: torch.Tensor) -> None:
+        with self._lock:
+            self.bytes += tensor.numel() * tensor.element_size()
+
+
+sent = Sent()
 
 
 def _rank_size(group):
@@ -81,8 +103,10 @@ def naive_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
             flat.add_(incoming)
         for peer in range(1, size):
             dist.send(flat, dst=_global(group, peer), group=group)
+            sent.add(flat)
     else:
         dist.send(flat, dst=_global(group, 0), group=group)
+        sent.add(flat)
         dist.recv(flat, src=_global(group, 0), group=group)
     return tensor
 
@@ -105,6 +129,7 @@ def tree_broadcast(tensor: torch.Tensor, src: int = 0, group=None) -> torch.Tens
     while mask > 0:
         if vrank + mask < size:
             dist.send(flat, dst=_global(group, (vrank + mask + src) % size), group=group)
+            sent.add(flat)
         mask >>= 1
     return tensor
 
@@ -123,6 +148,7 @@ def tree_reduce(tensor: torch.Tensor, dst: int = 0, group=None) -> torch.Tensor:
     while mask < size:
         if vrank & mask:
             dist.send(flat, dst=_global(group, (vrank - mask + dst) % size), group=group)
+            sent.add(flat)
             break
         if vrank + mask < size:
             if incoming is None:
@@ -141,6 +167,7 @@ def _exchange(send_buf, send_to, recv_buf, recv_from, group):
         works.append(dist.irecv(recv_buf, src=recv_from, group=group))
     if send_buf.numel():
         works.append(dist.isend(send_buf, dst=send_to, group=group))
+        sent.add(send_buf)
     for work in works:
         work.wait()
 
@@ -173,6 +200,45 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, trace: list | None = None)
         _exchange(send_c, right, recv_c, left, group)
         if trace is not None:
             trace.append(("all-gather", step, flat.clone()))
+    return tensor
+
+
+def ring_reduce_scatter(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """The first half of the ring all-reduce, on its own: afterwards this rank's chunk of ``tensor``
+    (``tensor.view(-1).tensor_split(p)[rank]``) holds the sum over ranks, and is returned (a view).
+
+    The other chunks are left holding partial sums. The steps are those of :func:`ring_all_reduce`,
+    one chunk further round, so that rank r ends owning chunk r: the shard sharded data parallelism
+    keeps. Each rank sends p - 1 chunks: (p - 1)/p of the tensor, half of what an all-reduce sends.
+    """
+    flat = _check(tensor, group)
+    rank, size = _rank_size(group)
+    chunks = flat.tensor_split(size)
+    if size == 1:
+        return chunks[0]
+    right, left = _global(group, (rank + 1) % size), _global(group, (rank - 1) % size)
+    incoming = torch.empty_like(chunks[0])
+    for step in range(size - 1):
+        send_c, recv_c = chunks[(rank - step - 1) % size], chunks[(rank - step - 2) % size]
+        buf = incoming[: recv_c.numel()]
+        _exchange(send_c, right, buf, left, group)
+        recv_c.add_(buf)
+    return chunks[rank]
+
+
+def ring_all_gather(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """The second half of the ring all-reduce, on its own: every rank brings its own chunk of
+    ``tensor`` (chunk ``rank`` of ``tensor.view(-1).tensor_split(p)``); afterwards every rank holds
+    every chunk. In place; returns ``tensor``. Each rank sends (p - 1)/p of the tensor."""
+    flat = _check(tensor, group)
+    rank, size = _rank_size(group)
+    if size == 1:
+        return tensor
+    right, left = _global(group, (rank + 1) % size), _global(group, (rank - 1) % size)
+    chunks = flat.tensor_split(size)
+    for step in range(size - 1):
+        send_c, recv_c = chunks[(rank - step) % size], chunks[(rank - step - 1) % size]
+        _exchange(send_c, right, recv_c, left, group)
     return tensor
 
 
