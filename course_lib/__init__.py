@@ -6,9 +6,12 @@ What a student learns, in the order the notebooks use it:
   ``torch.multiprocessing.start_processes``), or join the group ``torchrun`` describes;
 * ``accumulation`` (01): what ``backward``, ``step`` and ``zero_grad`` do; gradient accumulation
   (per-token losses normalised by the global token count), and ``no_sync`` under DDP;
-* ``collectives`` (02): broadcast, reduce and all-reduce built on ``send`` and ``recv``;
+* ``collectives`` (02, 04): broadcast, reduce and all-reduce built on ``send`` and ``recv``, and the
+  all-reduce's two halves, reduce-scatter and all-gather;
 * ``data_parallel`` (03): data parallelism from scratch: per-parameter, flat, overlapped and bucketed
   all-reduce of the gradients, the same gradients as torch's DDP;
+* ``sharding`` (04): sharded data parallelism: ZeRO-1 as torch's ``ZeroRedundancyOptimizer``, and
+  ZeRO stages 1 to 3 (FSDP) on flat even shards, with the memory arithmetic and a measured ledger;
 * ``costmodel`` (02, 10): the alpha-beta cost of each collective, bus bandwidth, fits, step-time
   predictions, typical interconnects; arithmetic only;
 * ``bandwidth`` (02, 10): measuring collectives in worker processes, as nccl-tests does;
@@ -33,9 +36,11 @@ The course's own support, in ``support``: none of it is an algorithm.
   under torchrun, subgroups and timeouts (notebook 03);
 * ``support.hook_runs``: a training run told as how it ended (finished, raised, crashed, hung), and
   when each hook's collectives ran, step by step (notebook 07);
+* ``support.sharding_runs``: the runs of notebook 04, each a worker that trains sharded and
+  measures;
 * ``support.exercises``: every exercise's check and reference answer;
 * ``support.figures``: the diagrams in ``img/`` and plots of a notebook's own results;
-* ``support.widgets``: the rank and bandwidth sliders;
+* ``support.widgets``: the rank and bandwidth sliders, the memory calculator;
 * ``support.timing``: the median of repeated timings;
 * ``support.shapes``: parameter shapes of well-known models (ResNet-18 for CIFAR-10), written out;
 * ``support.checks``: argument checks that name the bad argument, its value and what is allowed;

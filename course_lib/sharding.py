@@ -44,10 +44,11 @@ from torch import nn
 
 from course_lib import collectives
 from course_lib.accumulation import saved_activation_bytes
+from course_lib.costmodel import collective_time
 from course_lib.support import checks
 
-__all__ = ["OPTIMIZERS", "PRECISIONS", "bytes_per_rank", "storage_bytes", "memory_ledger", "ShardedOptimizer",
-           "ShardedDataParallel"]
+__all__ = ["OPTIMIZERS", "PRECISIONS", "bytes_per_rank", "communication_seconds", "storage_bytes", "memory_ledger",
+           "ShardedOptimizer", "ShardedDataParallel"]
 
 # Bytes per parameter kept by the optimizer, in fp32 training. Mixed precision adds a 4-byte fp32
 # master copy of the parameters to the optimizer's state (the ZeRO paper's accounting: K = 12 for Adam).
@@ -86,6 +87,24 @@ def bytes_per_rank(n_params: int, stage: int, world_size: int, optimizer: str = 
               "activations": activation_bytes}
     ledger["total"] = sum(ledger.values())
     return ledger
+
+
+def communication_seconds(n_params: int, stage: int, world_size: int, alpha_s: float, busbw_GBps: float,
+                          bytes_per_number: int = 2, units: int = 1) -> float:
+    """Seconds of communication per step on the ring model (``costmodel.collective_time``), the
+    gradients and parameters cut into ``units`` equal units: an all-reduce of each unit's gradient
+    (stage 0); a reduce-scatter of it and an all-gather of the parameters (stages 1, 2); and one more
+    all-gather (stage 3). A reduce-scatter costs what an all-gather costs: the same chunks, the other
+    way round."""
+    checks.integer("stage", stage, 0, 3)
+    checks.integer("units", units, 1)
+    checks.integer("bytes_per_number", bytes_per_number, 1)
+    unit_bytes = bytes_per_number * n_params / units
+    if stage == 0:
+        return units * collective_time("all_reduce", unit_bytes, world_size, alpha_s, busbw_GBps)
+    # collective_time's all-gather takes what each rank brings: its shard
+    one = collective_time("all_gather", unit_bytes / world_size, world_size, alpha_s, busbw_GBps)
+    return units * one * (3 if stage == 3 else 2)
 
 
 def storage_bytes(tensors) -> int:
@@ -243,9 +262,9 @@ class ShardedDataParallel(nn.Module):
     (stages 2, 3). ``prefetch=True`` (stage 3) issues the next unit's all-gather on a second thread,
     with its own process group, before computing the current unit: the all-gather overlaps
     computation, as FSDP does on a second CUDA stream. ``events`` (when a list) receives
-    ``(what, unit, start, end)`` with ``time.perf_counter`` times: "compute" (forward), "all-gather",
-    "reduce-scatter" (stage 0: "all-reduce"), "issue" (a prefetch handed to the second thread) and
-    "wait" (the main thread waiting for a prefetched all-gather).
+    ``(what, unit, start, end)`` with ``time.perf_counter`` times: "compute" (forward), "all-gather"
+    (on the main thread), "reduce-scatter" (stage 0: "all-reduce"), "issue" (a prefetch handed to the
+    second thread), "prefetched all-gather" (on it) and "wait" (the main thread waiting for one).
     """
 
     def __init__(self, module: nn.Module, stage: int, units: list[nn.Module] | None = None, group=None,
@@ -314,7 +333,7 @@ class ShardedDataParallel(nn.Module):
         whole = unit.full.data  # written through .data: autograd's saved views must not see a new version
         whole[unit.chunk].copy_(unit.shard.detach())
         collectives.ring_all_gather(whole, group=group)
-        self._note("all-gather", i, start)
+        self._note("all-gather" if group is self.group else "prefetched all-gather", i, start)
 
     def _gather(self, i: int) -> None:
         """Make unit i's whole vector current: wait for a prefetched all-gather, or run one now."""

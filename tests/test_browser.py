@@ -3,7 +3,8 @@
 Starts JupyterLab headless on a free localhost port (empty token) over a *copy* of notebooks/ and
 img/ (running them must not rewrite the committed notebooks), drives Debian's chromium with
 Playwright, runs all cells of each notebook and checks that no cell ends in an error. In notebook
-04 it moves the rank slider with the keyboard and checks that the numbers shown change.
+05 it moves the rank slider with the keyboard and checks that the numbers shown change (and likewise
+notebook 04's ZeRO memory calculator and notebook 10's bandwidth explorer).
 Screenshots go to screenshots/ (git-ignored) for a reviewer to look at.
 
 Skipped, with the reason shown by ``pytest -rs``, when chromium or Playwright is missing.
@@ -193,6 +194,8 @@ def test_notebook_runs_in_jupyterlab_without_errors(lab, browser, name):
         shown = page.evaluate(PICTURES)
         diagrams = (ROOT / "notebooks" / name).read_text().count("../img/")
         assert len(shown) > diagrams and all(shown), f"{name}: {len(shown)} pictures, decoded: {shown}"
+        if name.startswith("04_"):
+            _move_memory_calculator(page)
         if name.startswith("05_"):
             _move_rank_slider(page)
         if name.startswith("10_"):
@@ -254,3 +257,39 @@ def _move_bandwidth_slider(page):
     page.screenshot(path=str(SHOTS / "10_bandwidth_slider.after.png"))
     gbps = [float(re.search(r"bus bandwidth ([\d.]+) GB/s", t).group(1)) for t in (before, text.inner_text())]
     assert gbps[0] == 1.25 and gbps[1] > 1.25, gbps
+
+
+def _total_bytes(text: str) -> int:
+    """The total row of the memory calculator's table (its bytes column), as shown."""
+    return int(re.search(r"total\s+([\d,]+)", text).group(1).replace(",", ""))
+
+
+def _move_memory_calculator(page):
+    """Notebook 04's ZeRO memory calculator: click stage 3, then add ranks with the keyboard; each rank
+    must be shown holding less each time, in the numbers and in the picture."""
+    slider, text, picture = _explorer(page, "world size", "bytes per rank", "04_memory_calculator")
+    stage = page.locator(".widget-toggle-buttons", has=page.locator("label", has_text="ZeRO stage")).first
+
+    def click_stage(label):
+        before, src = text.inner_text(), picture.get_attribute("src")
+        stage.get_by_role("button", name=label, exact=True).click()
+        _wait_changed(page, text, "innerText", before)
+        _wait_changed(page, picture, "src", src)
+        return before
+
+    if stage.locator("button.mod-active").inner_text().strip() == "3":  # stored at stage 3: start from DDP
+        click_stage("0 (DDP)")
+    before = click_stage("3")
+    after = text.inner_text()
+    assert re.search(r"bytes per rank: stage 3,", after), after[:200]
+    assert _total_bytes(after) < _total_bytes(before), (before, after)
+    # more ranks (fewer at the top of the slider): under stage 3 each rank's share of every model state shrinks
+    fewer = re.search(r"; (\d+) ranks;", after).group(1) == "1024"
+    src = picture.get_attribute("src")
+    _press(page, slider, "ArrowLeft" if fewer else "ArrowRight", 2)
+    _wait_changed(page, text, "innerText", after)
+    _wait_changed(page, picture, "src", src)
+    page.screenshot(path=str(SHOTS / "04_memory_calculator.after.png"))
+    moved = text.inner_text()
+    assert (_total_bytes(moved) > _total_bytes(after)) if fewer else (_total_bytes(moved) < _total_bytes(after)), \
+        (after, moved)

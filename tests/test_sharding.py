@@ -110,7 +110,7 @@ def test_stage_3_gathers_before_each_use_and_prefetch_issues_the_next_gather_bef
     runs = spawn(W.every_stage, 2, [(3, False), (3, True)], 1, backend="gloo")[0]
     for prefetch, run in zip((False, True), runs):
         events = run["events"]
-        gathers = sorted((start, unit) for what, unit, start, _ in events if what == "all-gather")
+        gathers = sorted((start, unit) for what, unit, start, _ in events if what.endswith("all-gather"))
         computes = {unit: (start, end) for what, unit, start, end in events if what == "compute"}
         issued = {}
         for what, unit, start, _ in events:
@@ -121,6 +121,7 @@ def test_stage_3_gathers_before_each_use_and_prefetch_issues_the_next_gather_bef
         if prefetch:  # units 1 and 2 were handed to the second thread before the unit ahead of them computed
             assert all(issued[unit] < computes[unit - 1][0] for unit in (1, 2)), (issued, computes)
             assert sorted(unit for what, unit, *_ in events if what == "wait") == [0, 1, 1, 2]
+            assert sorted(unit for what, unit, *_ in events if what == "prefetched all-gather") == [0, 1, 1, 2]
         else:  # each gathered only once the unit ahead of it had computed
             assert not issued
             assert all(start >= computes[unit - 1][1] for start, unit in gathers[1:3])

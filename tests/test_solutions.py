@@ -12,8 +12,9 @@ from course_lib import costmodel as C
 from course_lib import data_parallel as dp
 from course_lib import lowrank as L
 from course_lib.support import exercises as ex
-from solutions import nb00, nb01, nb02, nb03, nb05, nb06, nb07, nb08, nb10
+from solutions import nb00, nb01, nb02, nb03, nb04, nb05, nb06, nb07, nb08, nb10
 from tests import exercise_answers as A
+from tests.test_exercises import SHARDING_NEAR_MISSES
 
 ANSWERS = [
     (ex.check_sum_of_squares, nb00.sum_of_squares),
@@ -24,6 +25,9 @@ ANSWERS = [
     (ex.check_recursive_halving, nb02.recursive_halving_reduce_scatter),
     (ex.check_ddp_all_reduces, nb03.my_ddp_all_reduces),
     (ex.check_exposed_time, nb03.my_exposed_time),
+    (ex.check_zero2_gradient, nb04.zero2_gradient),
+    (ex.check_bytes_per_rank, nb04.my_zero_bytes),
+    (ex.check_zero3_bytes_sent, nb04.my_bytes_sent),
     (ex.check_stable_orthogonalize, nb05.my_stable_orthogonalize),
     (ex.check_rank1_error, nb05.my_rank1_error),
     (ex.check_smallest_rank, nb05.my_smallest_rank),
@@ -56,7 +60,8 @@ def _stub(*args):
 
 
 DISTRIBUTED = (ex.check_sum_of_squares, ex.check_elementwise_max, ex.check_ddp_token_step, ex.check_ring_shift,
-               ex.check_recursive_doubling, ex.check_recursive_halving, ex.check_topk_average, ex.check_powersgd_hook)
+               ex.check_recursive_doubling, ex.check_recursive_halving, ex.check_topk_average, ex.check_powersgd_hook,
+               ex.check_zero2_gradient)
 
 
 @pytest.mark.parametrize("check", [c for c, _ in ANSWERS], ids=lambda c: c.__name__)
@@ -301,7 +306,7 @@ def test_near_misses_fail(check, wrong, says, capsys):
 
 
 def test_every_check_refuses_a_near_miss():
-    refused = {c.__name__ for c, _, _ in NEAR_MISSES} | {c.__name__ for c, _, _ in DISTRIBUTED_NEAR_MISSES}
+    refused = {c.__name__ for c, _, _ in NEAR_MISSES + DISTRIBUTED_NEAR_MISSES + SHARDING_NEAR_MISSES}
     assert refused == {check.__name__ for check, _ in ANSWERS}
 
 

@@ -134,3 +134,116 @@ def test_compression_slider_moves_the_verdict():
     assert fast["top-k"] > fast["fp32 all-reduce"] and w.text.value != before and w.plot.value != picture
     with pytest.raises(ValueError, match="reference"):
         compression_explorer({"top-k": topk}, world_size=2, alpha_s=1e-4)
+
+
+# The ZeRO memory calculator (notebook 04)
+
+def _calculator(**kwargs):
+    from course_lib.support.widgets import memory_calculator
+    return memory_calculator(**kwargs)
+
+
+def _total_gb_shown(w):
+    """The total row's GB cell, as the student reads it."""
+    import re
+    return re.search(r"<b>total</b>.*?<b>([\d.]+)</b></td></tr></table>", w.text.value).group(1)
+
+
+def test_memory_calculator_shows_the_bytes_of_each_category():
+    from course_lib import sharding
+    w = _calculator(n_params=1_234_567, world_size=4, stage=1, optimizer="adam", precision="fp32", tensors=6,
+                    activation_bytes=3_000_000)
+    assert w.text.value.startswith("<b>bytes per rank</b>")
+    ledger = w.ledger()
+    # worked out by hand: fp32 parameters and gradients whole, Adam's m and v for a quarter (rounded up)
+    # of the parameters, six 4-byte step counters
+    assert ledger == {"parameters": 4 * 1_234_567, "gradients": 4 * 1_234_567,
+                      "optimizer state": 8 * 308_642 + 24, "activations": 3_000_000,
+                      "total": 8 * 1_234_567 + 8 * 308_642 + 24 + 3_000_000}
+    assert ledger == sharding.bytes_per_rank(1_234_567, 1, 4, "adam", "fp32", 6, 3_000_000)
+    for name, value in ledger.items():
+        assert f"{value:,}" in w.text.value, name
+    assert "6 tensors" in w.text.value and "K = 8" in w.text.value
+    assert w.tensors == 6 and w.settings()["n_params"] == 1_234_567
+
+
+def test_moving_each_memory_control_changes_the_numbers_shown():
+    from course_lib import sharding
+    w = _calculator(n_params=10**6, world_size=2, stage=0, optimizer="adam", precision="fp32", tensors=4)
+    expected = dict(n_params=10**6, stage=0, world_size=2, optimizer="adam", precision="fp32", tensors=4,
+                    activation_bytes=0)
+    moves = [(w.stage, 3, "stage", 3), (w.world_size, 16, "world_size", 16), (w.model_size, 1e9, "n_params", 10**9),
+             (w.optimizer, "momentum", "optimizer", "momentum"), (w.precision, "mixed", "precision", "mixed"),
+             (w.activations, 50.0, "activation_bytes", 50_000_000), (w.stage, 2, "stage", 2)]
+    for control, value, key, meant in moves:
+        text, picture, ledger = w.text.value, w.plot.value, w.ledger()
+        control.value = value
+        expected[key] = meant
+        assert w.settings() == expected, key
+        assert w.ledger() == sharding.bytes_per_rank(**expected), key
+        # (mixed precision moves bytes from the parameters and gradients to the optimizer's master copy:
+        # the total of model states stays 16 bytes a parameter with Adam, as the ZeRO paper counts)
+        assert w.ledger() != ledger and w.text.value != text and w.plot.value != picture, key
+        assert all(f"<td>{name}</td><td style='text-align:right'>{n:,}</td>" in w.text.value
+                   for name, n in w.ledger().items() if name != "total"), key
+
+
+def test_memory_calculator_reproduces_the_zero_papers_figure_1():
+    # Rajbhandari et al. 2020, Figure 1: 7.5B parameters, mixed-precision Adam (K = 12), 64 GPUs:
+    # 120 GB, 31.4 GB, 16.6 GB and 1.9 GB per GPU for the baseline (DDP) and the three stages
+    w = _calculator(n_params=1000)
+    w.model_size.value = 7.5e9
+    w.world_size.value = 64
+    w.precision.value = "mixed"
+    w.optimizer.value = "adam"
+    assert "K = 12" in w.text.value
+    paper = ["120.0", "31.4", "16.6", "1.9"]
+    totals = []
+    for stage, gb in enumerate(paper):
+        w.stage.value = stage
+        totals.append(w.ledger()["total"])
+        assert abs(totals[-1] / 1e9 - float(gb)) <= 0.05, stage
+        assert _total_gb_shown(w) == gb, stage
+    assert totals == [16 * 7_500_000_000, 4 * 7_500_000_000 + 12 * 117_187_500, 2 * 7_500_000_000 + 14 * 117_187_500,
+                      16 * 117_187_500]
+    assert totals[0] > totals[1] > totals[2] > totals[3]  # each stage shards one more category
+
+
+def test_memory_calculator_keeps_the_exact_counts_until_moved():
+    w = _calculator(n_params=123_456_789, world_size=3, stage=3, activation_bytes=7_654_321)
+    assert w.model_size.value == 123_456_789 and w.world_size.value == 3
+    assert w.ledger()["parameters"] == 4 * 41_152_263 and w.ledger()["activations"] == 7_654_321
+    w.model_size.value = 2e5
+    w.activations.value = 1.5
+    assert w.settings()["n_params"] == 200_000 and w.ledger()["activations"] == 1_500_000
+
+
+def test_memory_calculator_picture_stacks_each_stage():
+    w = _calculator(n_params=5_000_000, world_size=8, stage=2, optimizer="adam", precision="mixed",
+                    activation_bytes=10_000_000)
+    fig = w.figure()
+    try:
+        ax = fig.axes[0]
+        assert ax.get_xlabel() == "memory per rank (MB)"
+        assert "5 million parameters" in ax.get_title() and "8 ranks" in ax.get_title()
+        for name, bars in zip(["parameters", "gradients", "optimizer state", "activations"], ax.containers):
+            assert bars.get_label() == name
+            for stage, bar in enumerate(bars):
+                assert bar.get_width() * 1e6 == pytest.approx(w.ledger(stage)[name]), (name, stage)
+        outline = ax.containers[4][0]  # the chosen stage, outlined
+        assert outline.get_y() == ax.containers[0][2].get_y() and not outline.get_fill()
+        assert [t.get_text() for t in ax.texts] == [f" {w.ledger(s)['total'] / 1e6:.1f} MB" for s in range(4)]
+    finally:
+        plt.close(fig)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(n_params=0), "n_params"), (dict(n_params=10**13), "n_params"), (dict(n_params=1.5e9), "n_params"),
+    (dict(n_params=10**6, world_size=0), "world_size"), (dict(n_params=10**6, world_size=2048), "world_size"),
+    (dict(n_params=10**6, stage=4), "stage"), (dict(n_params=10**6, optimizer="lamb"), "optimizer"),
+    (dict(n_params=10**6, precision="bf16"), "precision"), (dict(n_params=10**6, tensors=-1), "tensors"),
+    (dict(n_params=10**6, activation_bytes=-1), "activation_bytes"),
+])
+def test_memory_calculator_rejects_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        _calculator(**kwargs)

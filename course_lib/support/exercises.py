@@ -12,6 +12,7 @@ exercise allows (only send and recv, one collective, log2 p messages: see :class
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import traceback
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ import torch.distributed.distributed_c10d as c10d
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course_lib import accumulation, collectives, costmodel, data_parallel, hooks, lowrank, memory, powersgd
+from course_lib import accumulation, collectives, costmodel, data_parallel, hooks, lowrank, memory, powersgd, sharding
 from course_lib.launch import WorkerError, _check_picklable_by_reference, spawn
 from course_lib.support.digits import batch_slice, digits_tensors, mlp
 
@@ -40,6 +41,9 @@ __all__ = [
     "check_recursive_halving",
     "check_ddp_all_reduces",
     "check_exposed_time",
+    "check_zero2_gradient",
+    "check_bytes_per_rank",
+    "check_zero3_bytes_sent",
     "check_stable_orthogonalize",
     "check_rank1_error",
     "check_smallest_rank",
@@ -76,7 +80,10 @@ def compare(expected, got, rtol: float = 1e-5, atol: float = 1e-6) -> str | None
         if math.isnan(expected) and math.isnan(got):
             return None  # both say "never"
         if not math.isclose(got, expected, rel_tol=rtol, abs_tol=atol):
-            return f"expected {expected:.6g}, got {got:.6g}"
+            shown = f"{expected:.6g}", f"{got:.6g}"
+            if shown[0] == shown[1]:  # they differ beyond 6 digits: show every digit
+                shown = repr(expected), repr(got)
+            return f"expected {shown[0]}, got {shown[1]}"
         return None
     if isinstance(expected, (list, tuple)):
         if not isinstance(got, (list, tuple)) or len(got) != len(expected):
@@ -154,7 +161,10 @@ class Rules:
     ``sends``: world size -> how many messages each rank must send; ``sent_below_input``: each rank
     must send fewer numbers than its input holds (a reduce-scatter that never sends the whole
     tensor); ``sent_numbers``: a top-level function ``(input_numbers, rank, world_size) -> int``, how
-    many numbers each rank must send in all. ``why`` ends the message when a count is off.
+    many numbers each rank must send in all; ``refused``: functions refused the moment they are
+    called, by the name a student calls (``"dist.all_reduce"``, also caught when imported by name, as
+    it ends in ``ProcessGroup.allreduce``; ``"collectives.ring_all_reduce"``, any function of
+    ``course_lib.collectives``). ``why`` ends the message when a count is off or a function refused.
     """
 
     point_to_point_only: bool = False
@@ -162,6 +172,7 @@ class Rules:
     sends: dict | None = None
     sent_below_input: bool = False
     sent_numbers: object = None
+    refused: tuple = ()
     why: str = ""
 
     def broken(self, used: dict, world_size: int) -> str | None:
@@ -194,6 +205,10 @@ _COLLECTIVE_FUNCTIONS = (
     "gather_object", "scatter", "scatter_object_list", "reduce_scatter", "reduce_scatter_tensor",
     "_reduce_scatter_base", "all_to_all", "all_to_all_single",
 )
+# the ProcessGroup methods whose name is not the function's (for a refusal by the function's name)
+_FUNCTION_OF_METHOD = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce_coalesced",
+                       "allgather": "all_gather", "allgather_coalesced": "all_gather_coalesced",
+                       "_allgather_base": "_all_gather_base", "alltoall": "all_to_all"}
 _GROUP_COLLECTIVES = (
     "allreduce", "allreduce_coalesced", "reduce", "broadcast", "allgather", "allgather_coalesced",
     "allgather_into_tensor_coalesced", "_allgather_base", "all_gather_single", "all_gather_single_coalesced",
@@ -219,6 +234,15 @@ class _Watch:
     def _refuse(self, what: str):
         raise NotAllowed(f"{self.name} may use only {POINT_TO_POINT}; it called {what}")
 
+    def _refuse_named(self, what: str, called: str | None = None):
+        if what in self.rules.refused:
+            raise NotAllowed(f"{self.name} may not call {called or what}: {self.rules.why}")
+
+    def _refusing(self, what: str):
+        def refused(*args, **kwargs):
+            self._refuse_named(what)
+        return refused
+
     def _replace(self, owner, attr: str, new) -> None:
         self._saved.append((owner, attr, owner.__dict__.get(attr, _MISSING)))
         setattr(owner, attr, new)
@@ -227,6 +251,7 @@ class _Watch:
         def watched(*args, **kwargs):
             if self.rules.point_to_point_only:
                 self._refuse(f"dist.{name}")
+            self._refuse_named(f"dist.{name}")
             if self._depth == 0:
                 self.collectives.append(name)
             self._depth += 1
@@ -246,6 +271,8 @@ class _Watch:
                 else:
                     if self.rules.point_to_point_only:
                         self._refuse(f"a collective (ProcessGroup.{name})")
+                    function = f"dist.{_FUNCTION_OF_METHOD.get(name, name)}"
+                    self._refuse_named(function, f"{function} (ProcessGroup.{name})")
                     self.collectives.append(name)
             return original(group, *args, **kwargs)
         return watched
@@ -262,6 +289,12 @@ class _Watch:
         for name in _GROUP_COLLECTIVES + ("send",):
             if hasattr(dist.ProcessGroup, name):
                 self._replace(dist.ProcessGroup, name, self._method(name, getattr(dist.ProcessGroup, name)))
+        for what in self.rules.refused:
+            module, _, attr = what.partition(".")
+            if module == "collectives":
+                self._replace(collectives, attr, self._refusing(what))
+            elif module != "dist":
+                raise ValueError(f"Rules.refused names dist.* and collectives.* functions, got {what!r}")
         return self
 
     def __exit__(self, *exc):
@@ -414,6 +447,8 @@ def _run_student(worker, world_size: int, student_fn, name: str, timeout_s: floa
         if e.exc_type == "NotImplementedError":
             print(f"[not yet] {name}: replace the `raise NotImplementedError` with your code, save the file, "
                   f"then run this again.")
+        elif e.exc_type == "NotAllowed":
+            print(f"[FAIL] {name}, world size {world_size}, rank {e.rank}: {e.message}")
         else:
             print(f"[FAIL] {name}, world size {world_size}: rank {e.rank} raised {e.exc_type}: {e.message}")
     except TimeoutError:
@@ -582,6 +617,121 @@ def check_exposed_time(student_fn) -> bool:
              (even, mlp_sizes, 25 * 2**20, 2, 50e-6, 1.0), (even, mlp_sizes, 2**20, 2, 100e-6, 0.5),
              ([0.001, 0.002, 0.010], [4e6, 4e6, 4e6], 4e6, 4, 1e-5, 10.0)]
     return check(student_fn, exposed_time, cases, name=_name(student_fn, "exposed_time"), rtol=1e-9, atol=1e-15)
+
+
+# --- notebook 04: sharded data parallelism (ZeRO, FSDP) -------------------------------------------
+
+# Each world size's gradient lengths: divisible by p, not, and shorter than p (some ranks' slices empty).
+ZERO2_LENGTHS = {2: (8, 7, 1), 3: (12, 10, 2)}
+
+
+def zero2_inputs(rank: int, world_size: int, n: int):
+    """Each rank's input for notebook 04's ZeRO-2 exercise: its own whole flat gradient of ``n`` numbers."""
+    return (torch.randn(n, generator=torch.Generator().manual_seed(400 + 10 * n + rank)),)
+
+
+def zero2_gradient_expected(grad: torch.Tensor, group=None) -> torch.Tensor:
+    """The reference, another way than a reduce-scatter: torch's all-reduce of the whole gradient,
+    divided by p, then this rank's slice (``tensor_split(p)[rank]``)."""
+    total = grad.clone()
+    dist.all_reduce(total, group=group)
+    rank, p = dist.get_rank(group), dist.get_world_size(group)
+    return (total / p).view(-1).tensor_split(p)[rank].clone()
+
+
+# The ZeRO-2 exercise's rules: every all-reduce refused, and a reduce-scatter's bytes, no more.
+ZERO2_RULES = Rules(
+    refused=("dist.all_reduce", "collectives.ring_all_reduce", "collectives.naive_all_reduce",
+             "collectives.reduce_scatter"),  # the last: notebook 02's reference, an all-reduce inside
+    sent_numbers=all_but_own_chunk,
+    why="ZeRO-2 reduce-scatters the gradient: each rank sends every chunk but its own once, (p − 1)/p of the "
+        "gradient, half of what an all-reduce sends (the whole average on every rank, of which ZeRO-2 keeps "
+        "1/p). Build it on collectives.ring_reduce_scatter")
+
+
+def _zero2_worker(rank: int, world_size: int, student_fn) -> list:
+    """The reference and the student's function (under :data:`ZERO2_RULES`) on each gradient length."""
+    name = getattr(student_fn, "__name__", "zero2_gradient")
+    return [_run_both(rank, world_size, student_fn, zero2_gradient_expected,
+                      functools.partial(zero2_inputs, n=n), ZERO2_RULES, name)
+            for n in ZERO2_LENGTHS[world_size]]
+
+
+def check_zero2_gradient(student_fn) -> bool:
+    """``student_fn(grad, group=None)`` in a ``.py`` file: given this rank's whole flat gradient,
+    this rank's slice (``tensor_split(p)[rank]``) of the gradient averaged over the ranks, and only
+    that slice, reduce-scattered. Checked on 2 and 3 gloo ranks, lengths divisible by p, not, and
+    shorter than p, against torch's all-reduce then the slice. Every all-reduce is refused while it
+    runs (``dist.all_reduce``, ``collectives.ring_all_reduce``, ``naive_all_reduce`` and notebook
+    02's ``collectives.reduce_scatter``), and each rank must send what a reduce-scatter sends:
+    every chunk but its own, once."""
+    name = _name(student_fn, "zero2_gradient", in_processes=True)
+    for world_size in ZERO2_LENGTHS:
+        results = _run_student(_zero2_worker, world_size, student_fn, name)
+        if results is None:
+            return False
+        for rank, cases in enumerate(results):
+            for args, expected, got, used in cases:
+                where = f"[FAIL] {name}, world size {world_size}, rank {rank}, a gradient of {args[0].numel()} numbers"
+                if torch.is_tensor(got) and got.numel() != expected.numel():
+                    print(f"{where}: returned {got.numel()} numbers; return this rank's slice alone, "
+                          f"tensor_split({world_size})[{rank}] of the gradient, {expected.numel()} numbers: "
+                          f"ZeRO-2 keeps 1/p of the gradient")
+                    return False
+                why = compare(expected, got) or ZERO2_RULES.broken(used, world_size)
+                if why:
+                    print(f"{where}: {why}")
+                    return False
+    print(f"[PASS] {name}: this rank's slice of the averaged gradient on world sizes "
+          f"{', '.join(map(str, ZERO2_LENGTHS))} (lengths divisible by p, not, and shorter than p), "
+          f"sending (p − 1)/p of the gradient: half an all-reduce.")
+    return True
+
+
+def _zero_bytes(n_params: int, stage: int, world_size: int) -> int:
+    """The package's own arithmetic: ``sharding.bytes_per_rank`` for Adam in mixed precision."""
+    return sharding.bytes_per_rank(n_params, stage, world_size, "adam", "mixed")["total"]
+
+
+def check_bytes_per_rank(student_fn) -> bool:
+    """``student_fn(n_params, stage, world_size)``: the bytes one rank holds of parameters, gradients and
+    optimizer state under ZeRO ``stage`` (0: plain data parallelism) for Adam in mixed precision, as the
+    ZeRO paper counts them: 2 + 2 + 12 bytes per parameter; stage 1 shards the 12, stage 2 the gradients'
+    2 too, stage 3 all 16; a sharded category holds ceil(n_params / world_size) numbers. Compared exactly
+    with ``sharding.bytes_per_rank(..., "adam", "mixed")["total"]``, which is refused while it runs."""
+    cases = [(7_500_000_000, stage, 64) for stage in range(4)]  # the paper's Figure 1
+    cases += [(1_000_003, stage, 8) for stage in range(4)] + [(10, stage, 4) for stage in range(4)]
+    cases += [(1000, 3, 1), (1000, 0, 1), (3, 3, 8), (3, 2, 8), (12, 1, 3), (7, 0, 5)]
+    student = _refusing(student_fn, [(sharding, "bytes_per_rank")],
+                        "is refused here: count the bytes yourself, 2 + 2 + 12 per parameter and what each stage "
+                        "shards")
+    return check(student, _zero_bytes, cases, name=_name(student_fn, "zero_bytes"), rtol=0, atol=0)
+
+
+def zero_bytes_sent(n_params: int, stage: int, world_size: int) -> int:
+    """Bytes one rank sends per training step under :class:`sharding.ShardedDataParallel` with the course's
+    ring collectives: fp32, one unit of ``n_params`` numbers padded to a multiple of p, so every ring step
+    sends a chunk of ceil(n_params / p) numbers. Stage 0 all-reduces the gradient (2 (p − 1) chunks);
+    stages 1 and 2 reduce-scatter it and all-gather the updated parameters (p − 1 chunks each); stage 3
+    all-gathers the parameters before forward and again before backward, and reduce-scatters the
+    gradient: 3 (p − 1) chunks. (Stages 1 and 2 all-gather at the next forward, after the optimizer has
+    changed the shard: a first step sends the reduce-scatter alone.) Stage 0 pads nothing: where p does
+    not divide n_params its chunks are tensor_split's, and what a rank sends depends on its rank, so
+    the exercise asks stage 0 only where p divides n_params. Checked against the bytes
+    ``ShardedDataParallel`` sends (``collectives.sent``) in tests/test_exercises.py."""
+    ring_halves = 3 if stage == 3 else 2  # an all-reduce is a reduce-scatter and an all-gather
+    return 4 * ring_halves * (world_size - 1) * math.ceil(n_params / world_size)
+
+
+def check_zero3_bytes_sent(student_fn) -> bool:
+    """``student_fn(n_params, stage, world_size)``: the bytes one rank sends per training step under ZeRO
+    ``stage`` with the course's ring collectives, fp32, one unit padded to a multiple of the world size
+    (see :func:`zero_bytes_sent`; stage 0, which pads nothing, only where p divides n_params); compared exactly."""
+    cases = [(7_500_000_000, stage, 64) for stage in range(4)]
+    cases += [(24, 0, 2)] + [(23, stage, 2) for stage in (1, 2, 3)]  # stage 0 only where p divides n_params
+    cases += [(12, 0, 4)] + [(10, stage, 4) for stage in (1, 2, 3)]
+    cases += [(1_000_003, 3, 8), (1_000_003, 1, 8), (3, 3, 8), (8, 0, 8), (12, 2, 3), (1000, 3, 1), (1000, 0, 1)]
+    return check(student_fn, zero_bytes_sent, cases, name=_name(student_fn, "bytes_sent"), rtol=0, atol=0)
 
 
 # --- notebook 05: power iteration ------------------------------------------------------------------

@@ -251,6 +251,39 @@ def plot_timeline(outs: list[dict], kinds: tuple = ("naive", "bucket")):
     return fig
 
 
+_SHARD_COLORS = {"compute": "#6baed6", "all-gather": "#d94801", "prefetched all-gather": "#fd8d3c",
+                 "reduce-scatter": "#31a354", "wait": "#bdbdbd"}
+
+
+def plot_shard_timeline(runs: dict):
+    """One ZeRO-3 step without and with prefetch (``sharding_runs.prefetch_runs``' rank 0): the main
+    thread (forward compute, all-gathers it runs itself, waits for prefetched ones, reduce-scatters)
+    above the second thread (prefetched all-gathers), in ms from the step's start."""
+    fig, axes = plt.subplots(2, 1, figsize=(10, 3.6), sharex=True)
+    for ax, prefetch in zip(axes, (False, True)):
+        events = runs[prefetch]["events"]
+        t0 = min(start for _, _, start, _ in events)
+        for what, unit, start, end in events:
+            if what == "issue":
+                continue
+            lane = 0 if what == "prefetched all-gather" else 1
+            ax.broken_barh([((start - t0) * 1e3, max((end - start) * 1e3, 0.05))], (lane + 0.1, 0.8),
+                           color=_SHARD_COLORS[what])
+            if what != "wait":
+                ax.text((start - t0) * 1e3, lane + 0.5, f" {unit}", va="center", fontsize=7)
+        ax.set_yticks([0.5, 1.5], ["second thread", "main thread"], fontsize=8)
+        ax.set_title(f"{'with' if prefetch else 'without'} prefetch: one step of ZeRO-3 on rank 0 "
+                     f"(numbers: the unit)", fontsize=9)
+        ax.grid(axis="x", alpha=0.3)
+    axes[-1].set_xlabel("time since the step's first event (ms)")
+    fig.legend([Patch(color=c) for c in _SHARD_COLORS.values()],
+               ["forward of a unit", "all-gather (main thread)", "all-gather (second thread)", "reduce-scatter",
+                "main thread waiting for a prefetched all-gather"], fontsize=8, loc="lower center", ncol=3,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    return fig
+
+
 def plot_graph_states(states: dict[str, dict]):
     """Draw the graph x -> (w, b) -> y -> loss once per moment, with the values autograd holds.
 

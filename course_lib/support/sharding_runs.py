@@ -1,0 +1,158 @@
+"""Notebook 04's runs: the workers that train the digits MLP sharded, and what each measures.
+
+Each function is one experiment of the notebook, run in every worker by ``launch.spawn``; each
+returns plain numbers (rank 0's are the ones shown) so that a cell reads like the idea it teaches.
+The algorithms are ``course_lib.sharding``'s and ``course_lib.collectives``'; torch's classes appear
+only as the reference they are checked against.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from course_lib import collectives, sharding
+from course_lib.support.digits import batch_slice, digits_tensors, mlp
+
+__all__ = ["HIDDEN", "BATCH", "LR", "STEPS", "notebook_model", "layers", "split_all_reduce", "zero1_against_torch",
+           "every_stage", "prefetch_runs"]
+
+HIDDEN, BATCH, LR, STEPS = 256, 64, 1e-3, 4
+
+
+def notebook_model(hidden: int = HIDDEN, depth: int = 2) -> nn.Sequential:
+    """The digits MLP every run here starts from (the same initial values on every rank)."""
+    return mlp(hidden=hidden, depth=depth, seed=0)
+
+
+def layers(model: nn.Module) -> list[nn.Module]:
+    """The units sharded one by one: the Linear layers (a ReLU has no parameters)."""
+    return [m for m in model if isinstance(m, nn.Linear)]
+
+
+def _batch(rank: int, world_size: int, step: int, batch_size: int = BATCH):
+    x, y, _, _ = digits_tensors()
+    where = batch_slice(step, batch_size, len(x), rank, world_size)
+    return x[where], y[where]
+
+
+def _train(model, opt, rank, world_size, steps=STEPS, first=0):
+    for step in range(first, first + steps):
+        x, y = _batch(rank, world_size, step)
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    return max((a[name] - b[name]).abs().max().item() for name in a)
+
+
+def _params(model: nn.Module) -> dict:
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def split_all_reduce(rank: int, world_size: int, n: int = 12) -> dict:
+    """A ring all-reduce, and the same sum as a reduce-scatter then an all-gather: equal results,
+    and the bytes each rank sent in each."""
+    x = torch.arange(n, dtype=torch.float32) * (rank + 1)
+    whole = x.clone()
+    collectives.sent.reset()
+    collectives.ring_all_reduce(whole)
+    all_reduce_sent = collectives.sent.bytes
+    halves = x.clone()
+    collectives.sent.reset()
+    mine = collectives.ring_reduce_scatter(halves).clone()
+    scatter_sent = collectives.sent.bytes
+    collectives.sent.reset()
+    collectives.ring_all_gather(halves)
+    return {"mine": mine.tolist(), "whole": whole.tolist(), "equal": torch.equal(halves, whole),
+            "bytes": 4 * n, "all_reduce_sent": all_reduce_sent, "reduce_scatter_sent": scatter_sent,
+            "all_gather_sent": collectives.sent.bytes}
+
+
+def zero1_against_torch(rank: int, world_size: int) -> dict:
+    """DDP with Adam, with torch's ZeroRedundancyOptimizer and with the course's ShardedOptimizer:
+    how far apart their parameters end, and the numbers whose Adam state each rank keeps."""
+    runs, kept = {}, {}
+    for name in ("Adam", "torch ZeroRedundancyOptimizer", "course ShardedOptimizer"):
+        model = DDP(notebook_model())
+        if name == "Adam":
+            opt = torch.optim.Adam(model.parameters(), lr=LR)
+        elif name.startswith("torch"):
+            opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=LR)
+        else:
+            opt = sharding.ShardedOptimizer(model.parameters(), torch.optim.Adam, lr=LR)
+        _train(model, opt, rank, world_size)
+        runs[name] = _params(model.module)
+        inner = opt.local if name.startswith("course") else opt.optim if name.startswith("torch") else opt
+        kept[name] = sum(s["exp_avg"].numel() for s in inner.state.values())
+    return {"max_diff": {name: _max_diff(p, runs["Adam"]) for name, p in runs.items()}, "kept": kept}
+
+
+def every_stage(rank: int, world_size: int) -> dict:
+    """Torch's DDP, then the course's ShardedDataParallel at stages 0 to 3, then torch's FSDP2
+    (``fully_shard`` on each layer and the root), each trained the same steps with Adam. For each:
+    how far its parameters end from DDP's, the memory ledger after the last step (activations
+    measured on one batch) and the bytes this rank sent in the last step."""
+    x, _ = _batch(rank, world_size, 0)
+    ddp = DDP(notebook_model())
+    opt = torch.optim.Adam(ddp.parameters(), lr=LR)
+    _train(ddp, opt, rank, world_size)
+    want = _params(ddp.module)
+    rows = {"torch DDP": {"ledger": sharding.memory_ledger(ddp.module, opt, x), "max_diff": 0.0, "sent": None,
+                          "tensors": len(opt.state)}}
+    for stage in range(4):
+        model = sharding.ShardedDataParallel(_fresh := notebook_model(), stage, units=layers(_fresh))
+        opt = torch.optim.Adam(model.parameters(), lr=LR)
+        _train(model, opt, rank, world_size, STEPS - 1)
+        collectives.sent.reset()
+        _train(model, opt, rank, world_size, 1, first=STEPS - 1)  # the last step, its bytes counted
+        sent = collectives.sent.bytes
+        ledger = sharding.memory_ledger(model, opt, x)
+        rows[f"stage {stage}"] = {"ledger": ledger, "max_diff": _max_diff(model.gathered_parameters(), want),
+                                  "sent": sent, "tensors": len(opt.state)}
+    fsdp = notebook_model()
+    for layer in layers(fsdp):
+        fully_shard(layer)
+    fully_shard(fsdp)
+    opt = torch.optim.Adam(fsdp.parameters(), lr=LR)
+    _train(fsdp, opt, rank, world_size)
+    whole = {name: p.full_tensor().detach() for name, p in fsdp.named_parameters()}
+    rows["torch fully_shard"] = {"ledger": None, "max_diff": _max_diff(whole, want), "sent": None, "tensors": None,
+                                 "shard_numel": sum(p.to_local().numel() for p in fsdp.parameters())}
+    return rows
+
+
+def prefetch_runs(rank: int, world_size: int, hidden: int = 1024, depth: int = 3, batch_size: int = 256,
+                  steps: int = 6) -> dict:
+    """Stage 3 without and with prefetch on a wider MLP: per step, seconds and the time the main thread
+    spent waiting for all-gathers; the events of the last step. Timings: this machine's."""
+    out = {}
+    for prefetch in (False, True):
+        events: list = []
+        model = sharding.ShardedDataParallel(_fresh := notebook_model(hidden, depth), 3, units=layers(_fresh),
+                                             prefetch=prefetch, events=events)
+        opt = torch.optim.Adam(model.parameters(), lr=LR)
+        seconds, waiting = [], []
+        for step in range(steps):
+            x, y = _batch(rank, world_size, step, batch_size)
+            events.clear()
+            dist.barrier()
+            start = time.perf_counter()
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            seconds.append(time.perf_counter() - start)
+            # the main thread blocked on communication: its own all-gathers and reduce-scatters, and waits
+            main = [e for e in events if e[0] in ("wait", "reduce-scatter", "all-gather")]
+            waiting.append(sum(end - begin for _, _, begin, end in main))
+        out[prefetch] = {"seconds": seconds[1:], "waiting": waiting[1:], "events": list(events), "start": start}
+    return out
