@@ -1,18 +1,26 @@
 """Notebook 04: sharded data parallelism, ZeRO-1, 2 and 3 and FSDP (``zero2_gradient`` is what a student
-writes in my_sharding.py: it runs in the worker processes; the other two are written in the notebook)."""
+writes in my_sharding.py: it runs in the worker processes; the other two are written in the notebook).
+
+``zero2_gradient(grads, group=None)`` takes one unit's gradients (a list of tensors of any shapes) and
+returns this rank's slice of their average over the ranks as sharded data parallelism keeps it: the
+tensors flattened in order, padded with zeros to p·c numbers (c = ceil(n / p)), numbers
+[rank·c, (rank + 1)·c) of the average, in a tensor of its own."""
 
 import math
 
+import torch
 import torch.distributed as dist
 
 from course_lib import collectives
 
 
-def zero2_gradient(grad, group=None):
+def zero2_gradient(grads, group=None):
     p = dist.get_world_size(group)
-    # sums in place and returns this rank's chunk, a view into grad; dividing makes a new tensor of the
-    # chunk alone, so the whole gradient need not be kept
-    return collectives.ring_reduce_scatter(grad, group=group) / p
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    padded = torch.cat([flat, flat.new_zeros(-flat.numel() % p)])  # p chunks of c numbers each
+    # sums in place and returns this rank's chunk, a view into padded; dividing makes a new tensor of the
+    # chunk alone, so the whole padded gradient need not be kept
+    return collectives.ring_reduce_scatter(padded, group=group) / p
 
 
 def my_zero_bytes(n_params, stage, world_size):

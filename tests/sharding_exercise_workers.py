@@ -12,55 +12,81 @@ from course_lib import collectives, sharding
 from course_lib.collectives import ring_all_reduce  # imported by name: bypasses `collectives.ring_all_reduce`
 
 
-def _slice(tensor, group=None):
-    return tensor.tensor_split(dist.get_world_size(group))[dist.get_rank(group)]
+def _padded(grads, group=None):
+    """The unit's gradients flattened in order, padded with zeros to a multiple of p: as the exercise asks."""
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    return torch.cat([flat, flat.new_zeros(-len(flat) % dist.get_world_size(group))])
 
 
-def zero2_by_all_reduce(grad, group=None):
-    dist.all_reduce(grad, group=group)  # the right numbers, for twice the bytes
-    return _slice(grad / dist.get_world_size(group), group).clone()
+def _mine(vector, group=None):
+    return vector.tensor_split(dist.get_world_size(group))[dist.get_rank(group)]
 
 
-def zero2_by_imported_all_reduce(grad, group=None):
-    all_reduce(grad, group=group)
-    return _slice(grad / dist.get_world_size(group), group).clone()
+def zero2_by_all_reduce(grads, group=None):
+    padded = _padded(grads, group)
+    dist.all_reduce(padded, group=group)  # the right numbers, for twice the bytes
+    return _mine(padded / dist.get_world_size(group), group).clone()
 
 
-def zero2_by_ring_all_reduce(grad, group=None):
-    collectives.ring_all_reduce(grad, group=group)
-    return _slice(grad / dist.get_world_size(group), group).clone()
+def zero2_by_imported_all_reduce(grads, group=None):
+    padded = _padded(grads, group)
+    all_reduce(padded, group=group)
+    return _mine(padded / dist.get_world_size(group), group).clone()
 
 
-def zero2_by_imported_ring_all_reduce(grad, group=None):
-    ring_all_reduce(grad, group=group)
-    return _slice(grad / dist.get_world_size(group), group).clone()
+def zero2_by_ring_all_reduce(grads, group=None):
+    padded = _padded(grads, group)
+    collectives.ring_all_reduce(padded, group=group)
+    return _mine(padded / dist.get_world_size(group), group).clone()
 
 
-def zero2_by_course_reduce_scatter(grad, group=None):
-    return collectives.reduce_scatter(grad, group=group) / dist.get_world_size(group)  # notebook 02's reference
+def zero2_by_imported_ring_all_reduce(grads, group=None):
+    padded = _padded(grads, group)
+    ring_all_reduce(padded, group=group)
+    return _mine(padded / dist.get_world_size(group), group).clone()
 
 
-def zero2_sum(grad, group=None):
-    return collectives.ring_reduce_scatter(grad, group=group).clone()  # the sum, not the mean
+def zero2_by_course_reduce_scatter(grads, group=None):
+    padded = _padded(grads, group)  # notebook 02's reference: an all-reduce inside
+    return collectives.reduce_scatter(padded, group=group) / dist.get_world_size(group)
 
 
-def zero2_whole_gradient(grad, group=None):
-    collectives.ring_reduce_scatter(grad, group=group)
-    return grad / dist.get_world_size(group)  # the whole buffer: this rank's slice and others' partial sums
+def zero2_sum(grads, group=None):
+    return collectives.ring_reduce_scatter(_padded(grads, group), group=group).clone()  # the sum, not the mean
 
 
-def zero2_padded(grad, group=None):
-    p = dist.get_world_size(group)
-    padded = torch.cat([grad, grad.new_zeros(-len(grad) % p)])  # as ShardedDataParallel's units, but the
-    return collectives.ring_reduce_scatter(padded, group=group) / p  # exercise asks for tensor_split's slices
+def zero2_whole_gradient(grads, group=None):
+    padded = _padded(grads, group)
+    collectives.ring_reduce_scatter(padded, group=group)
+    return padded / dist.get_world_size(group)  # the whole vector: this rank's slice and others' partial sums
 
 
-def zero2_divided_first(grad, group=None):
-    return collectives.ring_reduce_scatter(grad / dist.get_world_size(group), group=group).clone()  # right
+def zero2_unpadded(grads, group=None):
+    flat = torch.cat([g.reshape(-1) for g in grads])  # tensor_split's chunks, of unequal lengths where p does
+    return collectives.ring_reduce_scatter(flat, group=group) / dist.get_world_size(group)  # not divide n
 
 
-def zero2_view_of_the_gradient(grad, group=None):
-    return collectives.ring_reduce_scatter(grad, group=group).div_(dist.get_world_size(group))  # right: a view
+def zero2_view(grads, group=None):
+    padded = _padded(grads, group)  # the right numbers, in a view that keeps all of padded alive
+    return collectives.ring_reduce_scatter(padded, group=group).div_(dist.get_world_size(group))
+
+
+def zero2_wrong_rank(grads, group=None):
+    padded = _padded(grads, group)
+    collectives.ring_reduce_scatter(padded, group=group)
+    p, rank = dist.get_world_size(group), dist.get_rank(group)
+    return padded.tensor_split(p)[(rank + 1) % p] / p  # the next rank's chunk: a partial sum
+
+
+def zero2_reversed(grads, group=None):
+    flat = torch.cat([g.reshape(-1) for g in reversed(grads)])  # the bias before the weight
+    padded = torch.cat([flat, flat.new_zeros(-len(flat) % dist.get_world_size(group))])
+    return collectives.ring_reduce_scatter(padded, group=group) / dist.get_world_size(group)
+
+
+def zero2_divided_first(grads, group=None):
+    padded = _padded(grads, group) / dist.get_world_size(group)  # right: the mean of the shares, then a copy
+    return collectives.ring_reduce_scatter(padded, group=group).clone()
 
 
 def measure_bytes_sent(rank, world_size, steps=3):

@@ -141,7 +141,7 @@ def every_stage(rank, world_size, configs=STAGES, steps=3):
 
 def ddp_ledger(rank, world_size, hidden=32):
     """The memory ledger of torch's DDP + Adam after one step."""
-    model = DDP(mlp(hidden=hidden, depth=2, seed=0))
+    model = DDP(mlp(hidden=hidden, depth=2, seed=0), gradient_as_bucket_view=True)  # else DDP keeps a second copy
     opt = torch.optim.Adam(model.parameters(), lr=LR)
     x, y = _batch(rank, world_size, 0)
     F.cross_entropy(model(x), y).backward()

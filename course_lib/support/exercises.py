@@ -310,12 +310,22 @@ class _Watch:
         return {"collectives": list(self.collectives), "sends": self.sends, "numbers_sent": self.numbers_sent}
 
 
+def _input_numbers(args) -> int:
+    """How many numbers the tensor arguments hold: each tensor argument, and each tensor in a list or
+    tuple argument (a unit's gradients); other arguments count nothing."""
+    total = 0
+    for a in args:
+        for t in (a if isinstance(a, (list, tuple)) else (a,)):
+            total += t.numel() if torch.is_tensor(t) else 0
+    return total
+
+
 def _run_both(rank, world_size, student, reference, make_inputs, rules=None, name="your function"):
     args = make_inputs(rank, world_size)
     expected = reference(*copy.deepcopy(args))
     with _Watch(rules or Rules(), name) as watch:
         got = student(*copy.deepcopy(args))
-    used = watch.used() | {"input_numbers": sum(a.numel() for a in args if torch.is_tensor(a)), "rank": rank}
+    used = watch.used() | {"input_numbers": _input_numbers(args), "rank": rank}
     return args, expected, got, used
 
 
@@ -621,70 +631,102 @@ def check_exposed_time(student_fn) -> bool:
 
 # --- notebook 04: sharded data parallelism (ZeRO, FSDP) -------------------------------------------
 
-# Each world size's gradient lengths: divisible by p, not, and shorter than p (some ranks' slices empty).
-ZERO2_LENGTHS = {2: (8, 7, 1), 3: (12, 10, 2)}
+# Each world size's units: the shapes of one unit's gradients (a weight and a bias), whose length p
+# does not divide, does, and is shorter than p (some ranks' slices padding alone).
+ZERO2_SHAPES = {2: ([(3, 4), (5,)], [(2, 2), (4,)], [(1,)]),
+                3: ([(3, 4), (2,)], [(3, 3), (3,)], [(2,)])}
 
 
-def zero2_inputs(rank: int, world_size: int, n: int):
-    """Each rank's input for notebook 04's ZeRO-2 exercise: its own whole flat gradient of ``n`` numbers."""
-    return (torch.randn(n, generator=torch.Generator().manual_seed(400 + 10 * n + rank)),)
+def zero2_inputs(rank: int, world_size: int, shapes):
+    """Each rank's input for notebook 04's ZeRO-2 exercise: its own gradients of one unit, of ``shapes``."""
+    n = sum(math.prod(shape) for shape in shapes)
+    g = torch.Generator().manual_seed(400 + 10 * n + rank)
+    return ([torch.randn(shape, generator=g) for shape in shapes],)
 
 
-def zero2_gradient_expected(grad: torch.Tensor, group=None) -> torch.Tensor:
-    """The reference, another way than a reduce-scatter: torch's all-reduce of the whole gradient,
-    divided by p, then this rank's slice (``tensor_split(p)[rank]``)."""
-    total = grad.clone()
-    dist.all_reduce(total, group=group)
+def zero2_gradient_expected(grads, group=None) -> torch.Tensor:
+    """The reference, another way than a reduce-scatter: the unit's gradients flattened in order into
+    one vector, padded with zeros to p·c numbers (c = ceil(n / p)), torch's all-reduce of the whole
+    vector, divided by p, then numbers [rank·c, (rank + 1)·c), cloned."""
     rank, p = dist.get_rank(group), dist.get_world_size(group)
-    return (total / p).view(-1).tensor_split(p)[rank].clone()
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    c = -(-flat.numel() // p)
+    padded = flat.new_zeros(p * c)
+    padded[: flat.numel()] = flat
+    dist.all_reduce(padded, group=group)
+    return (padded / p)[rank * c:(rank + 1) * c].clone()
+
+
+def all_but_own_padded_chunk(input_numbers: int, rank: int, world_size: int) -> int:
+    """How many numbers a reduce-scatter of a vector padded to a multiple of p sends: every chunk of
+    c = ceil(n / p) numbers but one's own, (p − 1)·c."""
+    return (world_size - 1) * -(-input_numbers // world_size)
 
 
 # The ZeRO-2 exercise's rules: every all-reduce refused, and a reduce-scatter's bytes, no more.
 ZERO2_RULES = Rules(
     refused=("dist.all_reduce", "collectives.ring_all_reduce", "collectives.naive_all_reduce",
              "collectives.reduce_scatter"),  # the last: notebook 02's reference, an all-reduce inside
-    sent_numbers=all_but_own_chunk,
-    why="ZeRO-2 reduce-scatters the gradient: each rank sends every chunk but its own once, (p − 1)/p of the "
-        "gradient, half of what an all-reduce sends (the whole average on every rank, of which ZeRO-2 keeps "
-        "1/p). Build it on collectives.ring_reduce_scatter")
+    sent_numbers=all_but_own_padded_chunk,
+    why="ZeRO-2 reduce-scatters the gradient padded to a multiple of p: each rank sends every chunk but its own "
+        "once, (p − 1)·c numbers, half of what an all-reduce sends (the whole average on every rank, of which "
+        "ZeRO-2 keeps 1/p). Build it on collectives.ring_reduce_scatter")
 
 
 def _zero2_worker(rank: int, world_size: int, student_fn) -> list:
-    """The reference and the student's function (under :data:`ZERO2_RULES`) on each gradient length."""
+    """The reference and the student's function (under :data:`ZERO2_RULES`) on each unit, and the bytes
+    of the storage behind what the student's returned (measured here: a view sent between processes
+    need not keep its storage)."""
     name = getattr(student_fn, "__name__", "zero2_gradient")
-    return [_run_both(rank, world_size, student_fn, zero2_gradient_expected,
-                      functools.partial(zero2_inputs, n=n), ZERO2_RULES, name)
-            for n in ZERO2_LENGTHS[world_size]]
+    cases = []
+    for shapes in ZERO2_SHAPES[world_size]:
+        args, expected, got, used = _run_both(rank, world_size, student_fn, zero2_gradient_expected,
+                                              functools.partial(zero2_inputs, shapes=shapes), ZERO2_RULES, name)
+        used["storage_bytes"] = got.untyped_storage().nbytes() if torch.is_tensor(got) else None
+        cases.append((args, expected, got, used))
+    return cases
 
 
 def check_zero2_gradient(student_fn) -> bool:
-    """``student_fn(grad, group=None)`` in a ``.py`` file: given this rank's whole flat gradient,
-    this rank's slice (``tensor_split(p)[rank]``) of the gradient averaged over the ranks, and only
-    that slice, reduce-scattered. Checked on 2 and 3 gloo ranks, lengths divisible by p, not, and
-    shorter than p, against torch's all-reduce then the slice. Every all-reduce is refused while it
-    runs (``dist.all_reduce``, ``collectives.ring_all_reduce``, ``naive_all_reduce`` and notebook
-    02's ``collectives.reduce_scatter``), and each rank must send what a reduce-scatter sends:
-    every chunk but its own, once."""
+    """``student_fn(grads, group=None)`` in a ``.py`` file: given this rank's gradients of one unit (a
+    list of tensors of any shapes), this rank's slice of the unit's gradient averaged over the ranks,
+    as sharded data parallelism keeps it: the tensors flattened in order into one vector of n numbers,
+    padded with zeros to p·c numbers (c = ceil(n / p)), numbers [rank·c, (rank + 1)·c) of the average,
+    a tensor of c numbers with a storage of its own (not a view into a whole-size buffer), reduce-
+    scattered. Checked on 2 and 3 gloo ranks, units whose length p does not divide, does, and shorter
+    than p, against torch's all-reduce of the padded vector then the slice. Every all-reduce is refused
+    while it runs (``dist.all_reduce``, ``collectives.ring_all_reduce``, ``naive_all_reduce`` and
+    notebook 02's ``collectives.reduce_scatter``), and each rank must send what a reduce-scatter of the
+    padded vector sends: every chunk but its own, once, (p − 1)·c numbers."""
     name = _name(student_fn, "zero2_gradient", in_processes=True)
-    for world_size in ZERO2_LENGTHS:
+    for world_size in ZERO2_SHAPES:
         results = _run_student(_zero2_worker, world_size, student_fn, name)
         if results is None:
             return False
         for rank, cases in enumerate(results):
             for args, expected, got, used in cases:
-                where = f"[FAIL] {name}, world size {world_size}, rank {rank}, a gradient of {args[0].numel()} numbers"
-                if torch.is_tensor(got) and got.numel() != expected.numel():
-                    print(f"{where}: returned {got.numel()} numbers; return this rank's slice alone, "
-                          f"tensor_split({world_size})[{rank}] of the gradient, {expected.numel()} numbers: "
-                          f"ZeRO-2 keeps 1/p of the gradient")
+                shapes = [tuple(g.shape) for g in args[0]]
+                n = sum(g.numel() for g in args[0])
+                c = expected.numel()
+                where = (f"[FAIL] {name}, world size {world_size}, rank {rank}, gradients of shapes {shapes} "
+                         f"({n} numbers)")
+                if torch.is_tensor(got) and got.numel() != c:
+                    print(f"{where}: returned {got.numel()} numbers; return c = ceil({n}/{world_size}) = {c} "
+                          f"numbers, this rank's slice of the flat gradient padded with zeros to a multiple of p "
+                          f"({world_size * c} numbers): ZeRO-2 keeps 1/p of the gradient")
                     return False
-                why = compare(expected, got) or ZERO2_RULES.broken(used, world_size)
+                why = compare(expected, got)
+                if not why and used["storage_bytes"] > got.numel() * got.element_size():
+                    why = (f"the slice is a view that keeps the whole padded gradient alive (a storage of "
+                           f"{used['storage_bytes']} bytes behind {c} numbers); copy it (`.clone()`) or divide into "
+                           f"a new tensor: ZeRO-2 keeps 1/p of the gradient")
+                why = why or ZERO2_RULES.broken(used, world_size)
                 if why:
                     print(f"{where}: {why}")
                     return False
-    print(f"[PASS] {name}: this rank's slice of the averaged gradient on world sizes "
-          f"{', '.join(map(str, ZERO2_LENGTHS))} (lengths divisible by p, not, and shorter than p), "
-          f"sending (p − 1)/p of the gradient: half an all-reduce.")
+    print(f"[PASS] {name}: this rank's slice of the averaged gradient, padded to a multiple of p, in a tensor of "
+          f"its own, on world sizes {', '.join(map(str, ZERO2_SHAPES))} (units whose length p does not divide, "
+          f"does, and shorter than p), sending (p − 1)/p of the padded gradient: half an all-reduce.")
     return True
 
 

@@ -80,10 +80,12 @@ def split_all_reduce(rank: int, world_size: int, n: int = 12) -> dict:
 
 def zero1_against_torch(rank: int, world_size: int) -> dict:
     """DDP with Adam, with torch's ZeroRedundancyOptimizer and with the course's ShardedOptimizer:
-    how far apart their parameters end, and the numbers whose Adam state each rank keeps."""
-    runs, kept = {}, {}
+    how far apart their parameters end, the numbers whose Adam state each rank keeps, and the bytes
+    the course's optimizer broadcasts per step from this rank (besides DDP's all-reduce)."""
+    runs, kept, broadcast = {}, {}, 0
     for name in ("Adam", "torch ZeroRedundancyOptimizer", "course ShardedOptimizer"):
         model = DDP(notebook_model())
+        collectives.sent.reset()  # counts the course's broadcasts (DDP's all-reduce is torch's own)
         if name == "Adam":
             opt = torch.optim.Adam(model.parameters(), lr=LR)
         elif name.startswith("torch"):
@@ -91,19 +93,21 @@ def zero1_against_torch(rank: int, world_size: int) -> dict:
         else:
             opt = sharding.ShardedOptimizer(model.parameters(), torch.optim.Adam, lr=LR)
         _train(model, opt, rank, world_size)
+        broadcast = collectives.sent.bytes // STEPS  # per step: only the course's optimizer sends any here
         runs[name] = _params(model.module)
         inner = opt.local if name.startswith("course") else opt.optim if name.startswith("torch") else opt
         kept[name] = sum(s["exp_avg"].numel() for s in inner.state.values())
-    return {"max_diff": {name: _max_diff(p, runs["Adam"]) for name, p in runs.items()}, "kept": kept}
+    return {"max_diff": {name: _max_diff(p, runs["Adam"]) for name, p in runs.items()}, "kept": kept,
+            "broadcast_sent": broadcast}
 
 
 def every_stage(rank: int, world_size: int) -> dict:
-    """Torch's DDP, then the course's ShardedDataParallel at stages 0 to 3, then torch's FSDP2
-    (``fully_shard`` on each layer and the root), each trained the same steps with Adam. For each:
-    how far its parameters end from DDP's, the memory ledger after the last step (activations
-    measured on one batch) and the bytes this rank sent in the last step."""
+    """Torch's DDP (its gradients views into its buckets), then the course's ShardedDataParallel at
+    stages 0 to 3, then torch's FSDP2 (``fully_shard`` on each layer and the root), each trained the
+    same steps with Adam. For each: how far its parameters end from DDP's, the memory ledger after
+    the last step (activations measured on one batch) and the bytes this rank sent in the last step."""
     x, _ = _batch(rank, world_size, 0)
-    ddp = DDP(notebook_model())
+    ddp = DDP(notebook_model(), gradient_as_bucket_view=True)  # the gradients are DDP's buckets: no second copy
     opt = torch.optim.Adam(ddp.parameters(), lr=LR)
     _train(ddp, opt, rank, world_size)
     want = _params(ddp.module)
@@ -118,7 +122,8 @@ def every_stage(rank: int, world_size: int) -> dict:
         sent = collectives.sent.bytes
         ledger = sharding.memory_ledger(model, opt, x)
         rows[f"stage {stage}"] = {"ledger": ledger, "max_diff": _max_diff(model.gathered_parameters(), want),
-                                  "sent": sent, "tensors": len(opt.state)}
+                                  "sent": sent, "tensors": len(opt.state),
+                                  "shard_numel": sum(p.numel() for p in model.parameters())}
     fsdp = notebook_model()
     for layer in layers(fsdp):
         fully_shard(layer)
