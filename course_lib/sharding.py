@@ -58,15 +58,21 @@ PRECISIONS = {"fp32": (4, 0), "mixed": (2, 4)}
 
 
 def bytes_per_rank(n_params: int, stage: int, world_size: int, optimizer: str = "adam", precision: str = "fp32",
-                   tensors: int = 0, activation_bytes: int = 0) -> dict[str, int]:
+                   tensors: int = 0, activation_bytes: int = 0, unit_sizes: list[int] | None = None) -> dict[str, int]:
     """What one rank holds, by category, for a model of ``n_params`` numbers under ZeRO ``stage`` (0 is DDP).
 
     A sharded category holds ``ceil(n_params / world_size)`` numbers, its slice of a vector padded to a
-    multiple of the world size. ``tensors``: how many tensors this rank's optimizer steps; torch's Adam
+    multiple of the world size; with ``unit_sizes`` (the numbers in each unit, summing to ``n_params``),
+    each unit is padded on its own, as :class:`ShardedDataParallel` does: the sum of
+    ``ceil(size / world_size)``, and from stage 1 on, a category kept whole is the padded vectors. ``tensors``: how many tensors this rank's optimizer steps; torch's Adam
     keeps a 4-byte ``step`` counter for each (SGD keeps none). ``activation_bytes`` are not sharded:
     each rank's activations belong to its own part of the batch.
     """
     checks.integer("n_params", n_params, 0)
+    if unit_sizes is not None:
+        checks.integers("unit_sizes", unit_sizes, 1)
+        if sum(unit_sizes) != n_params:
+            raise ValueError(f"unit_sizes must add up to n_params ({n_params:,}), got {sum(unit_sizes):,}")
     checks.integer("stage", stage, 0, 3)
     checks.integer("world_size", world_size, 1)
     checks.integer("tensors", tensors, 0)
@@ -76,10 +82,12 @@ def bytes_per_rank(n_params: int, stage: int, world_size: int, optimizer: str = 
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
     value, master = PRECISIONS[precision]
-    shard = math.ceil(n_params / world_size)
+    shard = sum(math.ceil(size / world_size) for size in (unit_sizes or [n_params]))
+    # what a rank holds of a category it keeps whole: with units, from stage 1 on, their padded vectors
+    whole = shard * world_size if unit_sizes is not None and stage else n_params
 
     def held(sharded_from: int) -> int:  # numbers held of a category that stage >= sharded_from shards
-        return shard if stage >= sharded_from else n_params
+        return shard if stage >= sharded_from else whole
 
     counters = 4 * tensors if optimizer == "adam" else 0
     ledger = {"parameters": value * held(3), "gradients": value * held(2),

@@ -138,15 +138,16 @@ def every_stage(rank: int, world_size: int) -> dict:
 
 def prefetch_runs(rank: int, world_size: int, hidden: int = 1024, depth: int = 3, batch_size: int = 256,
                   steps: int = 6) -> dict:
-    """Stage 3 without and with prefetch on a wider MLP: per step, seconds and the time the main thread
-    spent waiting for all-gathers; the events of the last step. Timings: this machine's."""
+    """Stage 3 without and with prefetch on a wider MLP: per step (after a first, warm-up one), seconds and
+    the time the main thread spent communicating or waiting for a prefetched all-gather; the events of
+    the median step. Timings: this machine's."""
     out = {}
     for prefetch in (False, True):
         events: list = []
         model = sharding.ShardedDataParallel(_fresh := notebook_model(hidden, depth), 3, units=layers(_fresh),
                                              prefetch=prefetch, events=events)
         opt = torch.optim.Adam(model.parameters(), lr=LR)
-        seconds, waiting = [], []
+        seconds, waiting, steps_events = [], [], []
         for step in range(steps):
             x, y = _batch(rank, world_size, step, batch_size)
             events.clear()
@@ -159,5 +160,9 @@ def prefetch_runs(rank: int, world_size: int, hidden: int = 1024, depth: int = 3
             # the main thread blocked on communication: its own all-gathers and reduce-scatters, and waits
             main = [e for e in events if e[0] in ("wait", "reduce-scatter", "all-gather")]
             waiting.append(sum(end - begin for _, _, begin, end in main))
-        out[prefetch] = {"seconds": seconds[1:], "waiting": waiting[1:], "events": list(events), "start": start}
+            steps_events.append(list(events))
+        # the first step is a warm-up; the events shown are those of the median step of the rest
+        seconds, waiting, steps_events = seconds[1:], waiting[1:], steps_events[1:]
+        median = sorted(range(len(seconds)), key=seconds.__getitem__)[len(seconds) // 2]
+        out[prefetch] = {"seconds": seconds, "waiting": waiting, "events": steps_events[median]}
     return out
