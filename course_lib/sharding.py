@@ -64,9 +64,10 @@ def bytes_per_rank(n_params: int, stage: int, world_size: int, optimizer: str = 
     A sharded category holds ``ceil(n_params / world_size)`` numbers, its slice of a vector padded to a
     multiple of the world size; with ``unit_sizes`` (the numbers in each unit, summing to ``n_params``),
     each unit is padded on its own, as :class:`ShardedDataParallel` does: the sum of
-    ``ceil(size / world_size)``, and from stage 1 on, a category kept whole is the padded vectors. ``tensors``: how many tensors this rank's optimizer steps; torch's Adam
-    keeps a 4-byte ``step`` counter for each (SGD keeps none). ``activation_bytes`` are not sharded:
-    each rank's activations belong to its own part of the batch.
+    ``ceil(size / world_size)``, and from stage 1 on, a category kept whole is the padded vectors.
+    ``tensors``: how many tensors this rank's optimizer steps; torch's Adam keeps a 4-byte ``step``
+    counter for each (SGD keeps none). ``activation_bytes`` are not sharded: each rank's activations
+    belong to its own part of the batch.
     """
     checks.integer("n_params", n_params, 0)
     if unit_sizes is not None:

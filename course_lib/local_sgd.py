@@ -1,0 +1,201 @@
+"""Communicate less often: local SGD, post-local SGD and DiLoCo, from scratch.
+
+Data parallelism averages *gradients* at every step. Local SGD lets every rank step on its own
+data and averages the *parameters* only every H steps: one all-reduce of the parameters per H
+steps, 1/H of the bytes (Stich, "Local SGD converges fast and communicates little", ICLR 2019).
+
+* :class:`PeriodicModelAverager`: the averager, a drop-in for torch's
+  ``torch.distributed.algorithms.model_averaging.averagers.PeriodicModelAverager``: call
+  ``average_parameters(params)`` after every optimizer step; it averages on the steps
+  ``warmup_steps, warmup_steps + period, ...`` and counts ``step``.
+* Post-local SGD (Lin, Stich, Patel & Jaggi, "Don't use large mini-batches, use local SGD", ICLR
+  2020): plain data parallelism for the first steps, where local steps hurt most, then local SGD.
+  :class:`PostLocalSGDState` and :func:`post_localSGD_hook` (DDP averages gradients globally until
+  ``start_localSGD_iter``, then not at all, or within a subgroup) with the averager wrapped around
+  the optimizer by :class:`PostLocalSGDOptimizer`, as torch's three pieces of the same names.
+* :class:`DiLoCo` (Douillard et al., "DiLoCo: Distributed Low-Communication Training of Language
+  Models", 2023): H steps of an inner optimizer (AdamW) on each rank, then the *pseudo-gradient*
+  Δ = θ_start − θ_local, averaged over ranks, is handed to an outer optimizer (SGD with Nesterov
+  momentum, lr 0.7, momentum 0.9 in the paper) that updates the shared parameters θ_start.
+
+Parameters are averaged with the course's ``collectives.ring_all_reduce`` on one flat vector, which
+counts its bytes in ``collectives.sent``. Gradients under post-local SGD's warm-up travel in DDP's
+hook with torch's all-reduce, as torch's hook does (counted in ``hooks.traffic``).
+"""
+
+from collections.abc import Callable, Iterable
+
+import torch
+import torch.distributed as dist
+
+from course_lib import collectives, hooks
+from course_lib.support import checks
+
+__all__ = ["average_parameters", "PeriodicModelAverager", "PostLocalSGDState", "post_localSGD_hook",
+           "PostLocalSGDOptimizer", "DiLoCo"]
+
+
+def _tensors(params) -> list[torch.Tensor]:
+    """The parameters in ``params`` (parameters, or an optimizer's parameter groups) that have a
+    gradient: torch's averager leaves the others alone (a frozen layer is the same on every rank)."""
+    out = []
+    for item in params:
+        if isinstance(item, torch.Tensor):
+            group = [item]
+        elif isinstance(item, dict) and "params" in item:
+            group = item["params"]
+        else:
+            raise TypeError(f"params must be parameters or parameter groups (dicts with 'params'), "
+                            f"got an item of type {type(item).__name__}")
+        out += [p for p in group if p.grad is not None]
+    return out
+
+
+@torch.no_grad()
+def average_parameters(params, group=None) -> None:
+    """Replace each parameter by its mean over the ranks: one ring all-reduce of all of them, flat."""
+    tensors = _tensors(params)
+    if not tensors:
+        return
+    flat = torch.cat([p.reshape(-1) for p in tensors])
+    flat /= dist.get_world_size(group)  # divided first, then summed: as torch's averager
+    collectives.ring_all_reduce(flat, group=group)
+    offset = 0
+    for p in tensors:
+        p.copy_(flat[offset:offset + p.numel()].view_as(p))
+        offset += p.numel()
+
+
+class PeriodicModelAverager:
+    """Average the parameters every ``period`` steps once ``warmup_steps`` steps have passed.
+
+    ``average_parameters(params)`` is called after every optimizer step; it averages when
+    ``step >= warmup_steps`` and ``(step - warmup_steps) % period == 0``, then adds 1 to ``step``.
+    """
+
+    def __init__(self, period: int, warmup_steps: int = 0, process_group=None):
+        self.period = checks.integer("period", period, 1)
+        self.warmup_steps = checks.integer("warmup_steps", warmup_steps, 0)
+        self.process_group = process_group
+        self.step = 0
+
+    def average_parameters(self, params: Iterable) -> None:
+        if self.step >= self.warmup_steps and (self.step - self.warmup_steps) % self.period == 0:
+            average_parameters(params, self.process_group)
+        self.step += 1
+
+
+class PostLocalSGDState:
+    """The hook's state: gradients all-reduced over ``process_group`` (None: every rank) for the
+    first ``start_localSGD_iter`` iterations, then over ``subgroup`` (None: none at all, each rank
+    on its own — torch's default is instead the ranks of one machine) unless
+    ``post_local_gradient_allreduce`` is False."""
+
+    __slots__ = ["process_group", "subgroup", "start_localSGD_iter", "post_local_gradient_allreduce", "iter"]
+
+    def __init__(self, process_group, subgroup, start_localSGD_iter: int, post_local_gradient_allreduce: bool = True):
+        self.process_group = process_group
+        self.subgroup = subgroup
+        self.start_localSGD_iter = checks.integer("start_localSGD_iter", start_localSGD_iter, 0)
+        self.post_local_gradient_allreduce = checks.boolean("post_local_gradient_allreduce",
+                                                            post_local_gradient_allreduce)
+        self.iter = 0
+
+
+def post_localSGD_hook(state: PostLocalSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: average the bucket over every rank during the warm-up (counting an
+    iteration at each step's last bucket), afterwards over ``state.subgroup`` or not at all."""
+    grad = bucket.buffer()
+    if state.iter < state.start_localSGD_iter:
+        if bucket.is_last():
+            state.iter += 1
+        return hooks.allreduce_fut(state.process_group, grad)
+    if not state.post_local_gradient_allreduce or state.subgroup is None:
+        return hooks.completed_future(grad)
+    return hooks.allreduce_fut(state.subgroup, grad)
+
+
+class PostLocalSGDOptimizer(torch.optim.Optimizer):
+    """The local optimizer ``optim`` followed, at every step, by ``averager.average_parameters``."""
+
+    def __init__(self, optim: torch.optim.Optimizer, averager: PeriodicModelAverager):
+        if not isinstance(optim, torch.optim.Optimizer):
+            raise TypeError(f"optim must be a torch.optim.Optimizer, got {type(optim).__name__}")
+        self.optim, self.averager = optim, averager
+        self.param_groups = optim.param_groups
+        self.defaults = optim.defaults
+
+    @property
+    def state(self):
+        return self.optim.state
+
+    def step(self, closure: Callable | None = None):
+        loss = self.optim.step(closure)
+        self.averager.average_parameters(self.param_groups)
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optim.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        return {**self.optim.state_dict(), "step": self.averager.step}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        state_dict = dict(state_dict)
+        self.averager.step = state_dict.pop("step", 0)
+        self.optim.load_state_dict(state_dict)
+
+
+class DiLoCo:
+    """DiLoCo around a model's ``params``: ``step()`` after every backward.
+
+    Every call steps the ``inner`` optimizer (built by the caller over ``params``, e.g. AdamW); every
+    ``period`` calls, the outer step: the pseudo-gradient Δ = θ_start − θ (what H inner steps moved
+    the parameters by, reversed) is averaged over the ranks (optionally through ``compress``, a
+    function that returns what the other ranks receive of a tensor, e.g. a 16-bit round trip), set
+    as the gradient of the shared copy θ_start, and ``outer_cls`` (default: SGD with Nesterov
+    momentum, ``outer_lr`` 0.7, ``outer_momentum`` 0.9, the paper's) steps it; the model restarts
+    from θ_start. The inner optimizer's state stays on each rank, as in the paper.
+    """
+
+    def __init__(self, params, inner: torch.optim.Optimizer, period: int, outer_lr: float = 0.7,
+                 outer_momentum: float = 0.9, nesterov: bool = True, group=None,
+                 compress: Callable[[torch.Tensor], torch.Tensor] | None = None):
+        self.params = [p for p in params if p.requires_grad]
+        if not self.params:
+            raise ValueError("DiLoCo needs parameters to train: params held none that requires grad")
+        if not isinstance(inner, torch.optim.Optimizer):
+            raise TypeError(f"inner must be a torch.optim.Optimizer (e.g. torch.optim.AdamW(model.parameters())), "
+                            f"got {type(inner).__name__}")
+        self.inner, self.group, self.compress = inner, group, compress
+        self.period = checks.integer("period", period, 1)
+        checks.number("outer_lr", outer_lr, 0, low_open=True)
+        checks.number("outer_momentum", outer_momentum, 0, 1)
+        self.shared = [p.detach().clone() for p in self.params]  # θ_start: the same on every rank
+        for t in self.shared:
+            t.requires_grad_(True)
+        self.outer = torch.optim.SGD(self.shared, lr=outer_lr, momentum=outer_momentum,
+                                     nesterov=nesterov and outer_momentum > 0)
+        self.inner_steps = 0
+
+    @torch.no_grad()
+    def step(self) -> bool:
+        """One inner step; the outer step too when ``period`` inner steps have passed. Returns
+        whether the ranks communicated."""
+        self.inner.step()
+        self.inner_steps += 1
+        if self.inner_steps % self.period:
+            return False
+        delta = torch.cat([(s - p).reshape(-1) for s, p in zip(self.shared, self.params)])
+        if self.compress is not None:
+            delta = self.compress(delta)
+        delta /= dist.get_world_size(self.group)
+        collectives.ring_all_reduce(delta, group=self.group)
+        offset = 0
+        for s in self.shared:
+            s.grad = delta[offset:offset + s.numel()].view_as(s).clone()
+            offset += s.numel()
+        self.outer.step()
+        for s, p in zip(self.shared, self.params):
+            p.copy_(s)
+        return True

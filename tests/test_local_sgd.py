@@ -1,0 +1,82 @@
+"""course_lib.local_sgd on real gloo processes: against torch's averager and post-local SGD, and DiLoCo
+against the same algorithm computed another way (one process, the ranks one after another)."""
+
+import pytest
+import torch
+
+from course_lib import local_sgd
+from course_lib.launch import spawn
+from tests import local_sgd_workers as W
+
+CONFIGS = [(period, warmup, groups) for period in (1, 2, 4) for warmup in (0, 3) for groups in (False, True)]
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_periodic_averager_matches_torchs_at_every_step(world_size):
+    outs = spawn(W.averagers, world_size, CONFIGS, backend="gloo")
+    for rank, rows in enumerate(outs):
+        for (period, warmup, groups), row in zip(CONFIGS, rows):
+            assert row["worst"] <= 1e-6, (rank, period, warmup, groups, row["worst"])
+            assert row["step"] == 8
+            averaged = [s >= warmup and (s - warmup) % period == 0 for s in range(8)]
+            # the ranks agree exactly after an average, and drift apart (own data) between averages
+            assert row["agreed"] == averaged, (period, warmup, row["agreed"])
+            ring = 4 * row["numel"] * 2 * (world_size - 1) // world_size
+            # one ring all-reduce of the parameters per average (a length p divides: 2 (p-1)/p of them)
+            if row["numel"] % world_size == 0:
+                assert row["sent"] == [ring if a else 0 for a in averaged]
+            else:
+                assert all((s > 0) == a for s, a in zip(row["sent"], averaged))
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("variant", ["", "+subgroup"])
+def test_post_local_sgd_matches_torchs(world_size, variant):
+    ours = spawn(W.post_local, world_size, "course" + variant, backend="gloo")
+    theirs = spawn(W.post_local, world_size, "torch" + variant, backend="gloo")
+    for rank in range(world_size):
+        for step, (a, b) in enumerate(zip(ours[rank], theirs[rank])):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=f"rank {rank} step {step}")
+    # the warm-up (3 steps) is plain data parallelism: the ranks agree; after it they agree only on
+    # the averaging steps (3, 5, 7)
+    agree = [all(torch.equal(out[step], ours[0][step]) for out in ours) for step in range(8)]
+    assert agree == [True, True, True, True, False, True, False, True]
+
+
+@pytest.mark.parametrize("world_size, period", [(2, 3), (3, 2)])
+def test_diloco_is_the_algorithm_computed_in_one_process(world_size, period):
+    steps = 3 * period
+    want = W.diloco_reference(world_size, period, steps)
+    outs = spawn(W.diloco, world_size, period, steps, backend="gloo")
+    for rank, out in enumerate(outs):
+        for a, b in zip(out["params"], want):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=f"rank {rank}")
+        assert out["communicated"] == [(s + 1) % period == 0 for s in range(steps)]
+
+
+def test_diloco_with_a_plain_outer_step_is_local_sgd():
+    # outer SGD with lr 1 and no momentum sets the shared copy to the mean of the ranks' parameters
+    plain = spawn(W.diloco, 2, 4, 8, 1.0, 0.0, backend="gloo")
+    local = spawn(W.local_sgd_adamw, 2, 4, 8, backend="gloo")
+    for a, b in zip(plain[0]["params"], local[0]):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    # and the paper's outer step is not: Nesterov momentum with lr 0.7 moves elsewhere
+    nesterov = spawn(W.diloco, 2, 4, 8, backend="gloo")
+    assert max((a - b).abs().max().item() for a, b in zip(nesterov[0]["params"], local[0])) > 1e-4
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: local_sgd.PeriodicModelAverager(0), "period"),
+    (lambda: local_sgd.PeriodicModelAverager(2, warmup_steps=-1), "warmup_steps"),
+    (lambda: local_sgd.PostLocalSGDState(None, None, -2), "start_localSGD_iter"),
+    (lambda: local_sgd.PostLocalSGDOptimizer(object(), local_sgd.PeriodicModelAverager(2)), "torch.optim.Optimizer"),
+    (lambda: local_sgd.DiLoCo([], torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1), 4), "none"),
+    (lambda: local_sgd.DiLoCo([torch.zeros(1, requires_grad=True)], "adamw", 4), "inner must be"),
+    (lambda: local_sgd.DiLoCo([p := torch.zeros(1, requires_grad=True)], torch.optim.SGD([p], lr=1), 0), "period"),
+    (lambda: local_sgd.DiLoCo([p := torch.zeros(1, requires_grad=True)], torch.optim.SGD([p], lr=1), 4,
+                              outer_momentum=1.5), "outer_momentum"),
+    (lambda: local_sgd.average_parameters([3.0]), "parameters or parameter groups"),
+])
+def test_bad_input_is_refused_with_a_clear_message(call, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        call()
