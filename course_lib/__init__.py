@@ -12,8 +12,8 @@ What a student learns, in the order the notebooks use it:
   all-reduce of the gradients, the same gradients as torch's DDP;
 * ``sharding`` (04): sharded data parallelism: ZeRO-1 as torch's ``ZeroRedundancyOptimizer``, and
   ZeRO stages 1 to 3 (FSDP) on flat even shards, with the memory arithmetic and a measured ledger;
-* ``costmodel`` (02, 10): the alpha-beta cost of each collective, bus bandwidth, fits, step-time
-  predictions, typical interconnects; arithmetic only;
+* ``costmodel`` (02, 09, 10): the alpha-beta cost of each collective, bus bandwidth, fits, step-time
+  predictions (also with a period), typical interconnects; arithmetic only;
 * ``bandwidth`` (02, 10): measuring collectives in worker processes, as nccl-tests does;
 * ``lowrank`` (05): power iteration against the SVD, and the power step PowerSGD is built on;
 * ``hooks`` (03, 06, 07): DDP communication hooks (all-reduce, fp16, bf16), every byte counted;
@@ -24,6 +24,8 @@ What a student learns, in the order the notebooks use it:
   QSGD, signSGD, TernGrad, fp16, bf16), numerics only;
 * ``exchange`` (08): how payloads travel: all-reduce when they can be summed, all-gather otherwise;
 * ``compression`` (08): how DDP calls them: a compressor, a memory and an exchange as one hook;
+* ``local_sgd`` (09): communicating less often: the periodic model averager, post-local SGD (hook
+  and optimizer) and DiLoCo, drop-ins for torch's;
 * ``train`` (03, 06, 07, 08, 10): data-parallel training on the digits, in notebooks and under
   ``torchrun``: ``TrainConfig`` in (its fields in groups), the training loop step by step (batch,
   zero_grad, forward and loss, backward, step, record), ``TrainResult`` out.
@@ -38,6 +40,8 @@ The course's own support, in ``support``: none of it is an algorithm.
   when each hook's collectives ran, step by step (notebook 07);
 * ``support.sharding_runs``: the runs of notebook 04, each a worker that trains sharded and
   measures;
+* ``support.local_sgd_runs``: the runs of notebook 09, each a worker that trains communicating less
+  often and measures;
 * ``support.exercises``: every exercise's check and reference answer;
 * ``support.figures``: the diagrams in ``img/`` and plots of a notebook's own results;
 * ``support.widgets``: the rank and bandwidth sliders, the memory calculator;

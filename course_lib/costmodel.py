@@ -33,7 +33,7 @@ from course_lib.support import checks
 __all__ = ["ALGORITHMS", "alpha_beta_time", "fit_alpha_beta", "BUS_FACTORS", "bus_factor", "ring_all_reduce_time",
            "ring_crossover_bytes", "fit_ring_all_reduce", "predict_step_time", "Interconnect",
            "INTERCONNECTS", "collective_time", "fit_collective", "predict_compressed_step_time",
-           "break_even_bandwidth"]
+           "break_even_bandwidth", "periodic_step_time", "break_even_period"]
 
 ALGORITHMS = ("naive_all_reduce", "tree_broadcast", "tree_reduce", "ring_all_reduce")
 
@@ -275,3 +275,34 @@ INTERCONNECTS = {
     "NVLink, 8 H100 (ring)": Interconnect(370.0, 3e-6, "nccl-tests issue #212: ring all-reduce, 8 H100"),
     "NVLink SHARP, 8 H100": Interconnect(480.0, 3e-6, "nccl-tests issue #212: all-reduce with NVLS, 8 H100"),
 }
+
+
+def periodic_step_time(compute_s: float, nbytes: float, period: int, world_size: int, alpha_s: float,
+                       busbw_GBps: float) -> float:
+    """Seconds per step, on average, when the ranks all-reduce ``nbytes`` (the parameters, or DiLoCo's
+    pseudo-gradient) once every ``period`` steps and compute alone in between: compute, plus one ring
+    all-reduce (:func:`ring_all_reduce_time`) shared by ``period`` steps."""
+    checks.number("compute_s", compute_s, 0)
+    checks.integer("period", period, 1)
+    return compute_s + ring_all_reduce_time(nbytes, world_size, alpha_s, busbw_GBps) / period
+
+
+def break_even_period(compute_s: float, nbytes: float, reference_step_s: float, world_size: int, alpha_s: float,
+                      busbw_GBps: float) -> float:
+    """The smallest period H at which averaging every H steps (:func:`periodic_step_time`) steps faster
+    than a reference that takes ``reference_step_s`` per step (e.g. a compressor's predicted step time):
+    the first integer H > T / (reference_step_s - compute_s), T being the all-reduce's time. ``inf`` when
+    the reference is no slower than computing alone (no period beats it)."""
+    checks.number("reference_step_s", reference_step_s, 0)
+    checks.number("compute_s", compute_s, 0)
+    spare = reference_step_s - compute_s
+    if spare <= 0:
+        return float("inf")
+    period = math.floor(ring_all_reduce_time(nbytes, world_size, alpha_s, busbw_GBps) / spare) + 1
+    # the division rounds: settle the last step on the step times themselves
+    while periodic_step_time(compute_s, nbytes, period, world_size, alpha_s, busbw_GBps) >= reference_step_s:
+        period += 1
+    while period > 1 and periodic_step_time(compute_s, nbytes, period - 1, world_size, alpha_s,
+                                            busbw_GBps) < reference_step_s:
+        period -= 1
+    return float(period)

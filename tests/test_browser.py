@@ -4,7 +4,7 @@ Starts JupyterLab headless on a free localhost port (empty token) over a *copy* 
 img/ (running them must not rewrite the committed notebooks), drives Debian's chromium with
 Playwright, runs all cells of each notebook and checks that no cell ends in an error. In notebook
 05 it moves the rank slider with the keyboard and checks that the numbers shown change (and likewise
-notebook 04's ZeRO memory calculator and notebook 10's bandwidth explorer).
+notebook 04's ZeRO memory calculator, notebook 09's period explorer and notebook 10's bandwidth explorer).
 Screenshots go to screenshots/ (git-ignored) for a reviewer to look at.
 
 Skipped, with the reason shown by ``pytest -rs``, when chromium or Playwright is missing.
@@ -198,6 +198,8 @@ def test_notebook_runs_in_jupyterlab_without_errors(lab, browser, name):
             _move_memory_calculator(page)
         if name.startswith("05_"):
             _move_rank_slider(page)
+        if name.startswith("09_"):
+            _move_period_slider(page)
         if name.startswith("10_"):
             _move_bandwidth_slider(page)
     finally:
@@ -220,11 +222,13 @@ def _wait_changed(page, locator, attribute, before):
     page.wait_for_function(KERNEL_IDLE, timeout=60_000, polling=250)
 
 
-def _explorer(page, label, marker, shot):
-    """An explorer widget's slider (by its label), its text (by a word in it) and its picture."""
-    slider = page.locator(".widget-slider", has=page.locator("label", has_text=label)).first
+def _explorer(page, label, marker, shot, within=None):
+    """An explorer widget's slider (by its label), its text (by a word in it) and its picture; only inside
+    the first element matching the CSS selector ``within`` if given."""
+    root = page if within is None else page.locator(within).first
+    slider = root.locator(".widget-slider", has=page.locator("label", has_text=label)).first
     slider.scroll_into_view_if_needed()
-    text = page.locator(".widget-html", has_text=marker).first
+    text = root.locator(".widget-html", has_text=marker).first
     picture = text.locator("xpath=following-sibling::img[1]")
     page.screenshot(path=str(SHOTS / f"{shot}.before.png"))
     return slider, text, picture
@@ -293,3 +297,44 @@ def _move_memory_calculator(page):
     moved = text.inner_text()
     assert (_total_bytes(moved) > _total_bytes(after)) if fewer else (_total_bytes(moved) < _total_bytes(after)), \
         (after, moved)
+
+
+def _period_numbers(text: str) -> tuple[int, float, float, float]:
+    """The period explorer's H, bus bandwidth (GB/s), local SGD's step time and its all-reduce's time (ms), as shown."""
+    found = re.search(r"communicate every (\d+) steps?: local SGD ([\d,.]+) ms a step \(one all-reduce of [\d.]+ MB, "
+                      r"([\d,.]+) ms.*?bus bandwidth ([\d.]+) GB/s", text, re.S)
+    assert found, text[:300]
+    return (int(found.group(1)), float(found.group(4)), float(found.group(2).replace(",", "")),
+            float(found.group(3).replace(",", "")))
+
+
+def _move_period_slider(page):
+    """Notebook 09's period explorer: a faster link, then a longer period H, with the keyboard (the other
+    way where a slider is at its end). A faster link shortens the all-reduce, and local SGD's step with it;
+    a longer period shares the all-reduce among more steps: local SGD's step shortens."""
+    bandwidth, text, picture = _explorer(page, "GB/s", "communicate every", "09_period_explorer",
+                                         within=".period-explorer")
+    period = page.locator(".period-explorer").first.locator(
+        ".widget-slider", has=page.locator("label", has_text="period H")).first
+
+    def move(slider, column, top):
+        before, src = text.inner_text(), picture.get_attribute("src")
+        shown = _period_numbers(before)
+        back = shown[column] >= top  # at the slider's end: down, and the times must grow
+        _press(page, slider, "ArrowLeft" if back else "ArrowRight", 2)
+        _wait_changed(page, text, "innerText", before)
+        _wait_changed(page, picture, "src", src)
+        moved = _period_numbers(text.inner_text())
+        assert moved[1 - column] == shown[1 - column], (shown, moved)  # the other control stays where it was
+        assert (moved[column] < shown[column]) if back else (moved[column] > shown[column]), (shown, moved)
+        return shown, moved, back
+
+    # two steps up the log scale, 0.05 each: the all-reduce takes less time, so local SGD's step does not grow
+    # (its share of the all-reduce can be below the 0.001 ms shown)
+    shown, moved, back = move(bandwidth, 1, 1000)
+    assert (moved[3] > shown[3] and moved[2] >= shown[2]) if back else (moved[3] < shown[3] and moved[2] <= shown[2]), \
+        (shown, moved)
+    # two stops of the period slider (H x 4, or / 4): the same all-reduce, shared by more steps
+    shown, moved, back = move(period, 0, 1024)
+    assert moved[3] == shown[3] and ((moved[2] > shown[2]) if back else (moved[2] < shown[2])), (shown, moved)
+    page.screenshot(path=str(SHOTS / "09_period_explorer.after.png"))

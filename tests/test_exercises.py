@@ -3,12 +3,13 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
+from torch.optim import SGD  # imported by name: bypasses `torch.optim.SGD`
 
-from course_lib import collectives, sharding
+from course_lib import collectives, costmodel, local_sgd, sharding
 from course_lib.launch import spawn
 from course_lib.support import exercises as ex
 from course_lib.support.exercises import NotAllowed, Rules, _Watch, check, compare
-from solutions import nb04
+from solutions import nb04, nb09
 from tests import sharding_exercise_workers as Z
 
 
@@ -226,3 +227,230 @@ def test_bytes_sent_reference_is_what_sharded_data_parallel_sends(world_size):
             assert sent[1:] == [formula] * 2, (rank, n, stage, sent)
             # the first step of stages 1 and 2 has no all-gather: the shard has not changed yet
             assert sent[0] == (formula // 2 if stage in (1, 2) else formula), (rank, n, stage, sent)
+
+
+# --- notebook 09: local SGD, post-local SGD and DiLoCo ---------------------------------------------
+
+
+def _deltas(shared, locals_):  # the pseudo-gradient, averaged over the ranks
+    return [sum(s - rank[i] for rank in locals_) / len(locals_) for i, s in enumerate(shared)]
+
+
+def _outer_plain_momentum(shared, locals_, momentum, lr=0.7, mu=0.9):  # nesterov=False: the step is the buffer
+    d = _deltas(shared, locals_)
+    buf = d if momentum is None else [mu * b + x for b, x in zip(momentum, d)]
+    return [s - lr * b for s, b in zip(shared, buf)], buf
+
+
+def _outer_delta_reversed(shared, locals_, momentum, lr=0.7, mu=0.9):  # Δ = θ_rank − θ_start
+    return nb09.my_outer_step(shared, [[2 * s - x for s, x in zip(shared, rank)] for rank in locals_], momentum, lr, mu)
+
+
+def _outer_summed(shared, locals_, momentum, lr=0.7, mu=0.9):  # Δ summed over the ranks, not averaged
+    d = [len(locals_) * x for x in _deltas(shared, locals_)]
+    buf = d if momentum is None else [mu * b + x for b, x in zip(momentum, d)]
+    return [s - lr * (x + mu * b) for s, x, b in zip(shared, d, buf)], buf
+
+
+def _outer_buffer_not_carried(shared, locals_, momentum, lr=0.7, mu=0.9):  # every step as if it were the first
+    return nb09.my_outer_step(shared, locals_, None, lr, mu)
+
+
+def _outer_in_place(shared, locals_, momentum, lr=0.7, mu=0.9):  # θ_start updated in place, as an optimizer does
+    new_shared, new_momentum = nb09.my_outer_step(shared, locals_, momentum, lr, mu)
+    for s, n in zip(shared, new_shared):
+        s.copy_(n)
+    return shared, new_momentum
+
+
+def _outer_buffer_in_place(shared, locals_, momentum, lr=0.7, mu=0.9):  # torch's buffer.mul_(mu).add_(Δ)
+    d = _deltas(shared, locals_)
+    buf = d if momentum is None else [b.mul_(mu).add_(x) for b, x in zip(momentum, d)]
+    return [s - lr * (x + mu * b) for s, x, b in zip(shared, d, buf)], buf
+
+
+def _outer_mu_fixed(shared, locals_, momentum, lr=0.7, mu=0.9):  # the paper's 0.9 whatever mu is given
+    return nb09.my_outer_step(shared, locals_, momentum, lr, 0.9)
+
+
+def _outer_new_locals(shared, locals_, momentum, lr=0.7, mu=0.9):  # each rank's list reset to θ_start, in place
+    out = nb09.my_outer_step(shared, locals_, momentum, lr, mu)
+    for rank in locals_:
+        rank[:] = [s.clone() for s in shared]
+    return out
+
+
+def _outer_update_as_buffer(shared, locals_, momentum, lr=0.7, mu=0.9):  # the look-ahead kept as the buffer
+    new_shared, new_momentum = nb09.my_outer_step(shared, locals_, momentum, lr, mu)
+    return new_shared, [x + mu * b for x, b in zip(_deltas(shared, locals_), new_momentum)]
+
+
+def _outer_by_torch_sgd(shared, locals_, momentum, lr=0.7, mu=0.9):
+    params = [s.clone().requires_grad_() for s in shared]
+    torch.optim.SGD(params, lr=lr, momentum=mu, nesterov=mu > 0)
+
+
+def _outer_by_imported_sgd(shared, locals_, momentum, lr=0.7, mu=0.9):  # SGD imported by name, before the check
+    params = [s.clone().requires_grad_() for s in shared]
+    for p, x in zip(params, _deltas(shared, locals_)):
+        p.grad = x
+    SGD(params, lr=lr, momentum=mu, nesterov=mu > 0).step()
+
+
+def _outer_by_diloco(shared, locals_, momentum, lr=0.7, mu=0.9):
+    local_sgd.DiLoCo(shared, None, period=1)
+
+
+def _break_even_at_or_below(c, n, r, p, a, b):  # ≥: the period at which the two only tie counts as faster
+    spare = r - c
+    return math.ceil(costmodel.ring_all_reduce_time(n, p, a, b) / spare) if spare > 0 else math.inf
+
+
+def _break_even_bytes_every_step(c, n, r, p, a, b):  # only the latency shared by H steps, the bytes paid at each
+    bandwidth_s = costmodel.ring_all_reduce_time(n, p, a, b) - 2 * (p - 1) * a
+    spare = r - c - bandwidth_s
+    return math.floor(2 * (p - 1) * a / spare) + 1 if spare > 0 else math.inf
+
+
+def _break_even_without_latency(c, n, r, p, a, b):
+    spare = r - c
+    return math.floor(2 * (p - 1) / p * n / (b * 1e9) / spare) + 1 if spare > 0 else math.inf
+
+
+def _break_even_algbw(c, n, r, p, a, b):  # the bytes over busbw, without the ring's 2(p − 1)/p
+    spare = r - c
+    return math.floor((2 * (p - 1) * a + n / (b * 1e9)) / spare) + 1 if spare > 0 else math.inf
+
+
+def _break_even_not_rounded(c, n, r, p, a, b):
+    spare = r - c
+    return costmodel.ring_all_reduce_time(n, p, a, b) / spare if spare > 0 else math.inf
+
+
+def _break_even_no_never(c, n, r, p, a, b):  # the formula everywhere: nothing said when no period is faster
+    return math.floor(costmodel.ring_all_reduce_time(n, p, a, b) / (r - c)) + 1
+
+
+def _break_even_only_equal_is_never(c, n, r, p, a, b):  # inf where the reference computes alone, not below it
+    return math.inf if r == c else math.floor(costmodel.ring_all_reduce_time(n, p, a, b) / (r - c)) + 1
+
+
+def _break_even_by_search(c, n, r, p, a, b):  # the course's step time, period by period
+    H = 1
+    while costmodel.periodic_step_time(c, n, H, p, a, b) >= r:
+        H += 1
+    return H
+
+
+_OUTER_CASE_0 = "case 0 (2 ranks, shapes [(4, 3), (3,)], lr 0.7, mu 0.9)"
+_TIE = "case 8 (0.5, 1250000000.0, 0.7500076293945312, 2, 1.52587890625e-05, 1.25)"
+# wrong answers to notebook 09's exercises, and what the check says (test_solutions.py counts them too)
+LOCAL_SGD_NEAR_MISSES = [
+    (ex.check_outer_step, _outer_plain_momentum, f"{_OUTER_CASE_0}, outer step 1 of 4: new_shared: item 0: values"),
+    (ex.check_outer_step, _outer_delta_reversed, f"{_OUTER_CASE_0}, outer step 1 of 4: new_shared: item 0: values"),
+    (ex.check_outer_step, _outer_summed, f"{_OUTER_CASE_0}, outer step 1 of 4: new_shared: item 0: values differ"),
+    (ex.check_outer_step, _outer_buffer_not_carried, f"{_OUTER_CASE_0}, outer step 2 of 4: new_shared: item 0"),
+    (ex.check_outer_step, _outer_update_as_buffer, f"{_OUTER_CASE_0}, outer step 1 of 4: new_momentum: item 0"),
+    (ex.check_outer_step, _outer_mu_fixed, "case 2 (3 ranks, shapes [(6, 4), (4,), (1,)], lr 0.5, mu 0.5), outer "
+     "step 1 of 3: new_shared"),
+    (ex.check_outer_step, _outer_in_place, f"{_OUTER_CASE_0}, outer step 1 of 4: changed `shared` in place; leave "
+     "shared, locals_ and momentum as they were and return new tensors"),
+    (ex.check_outer_step, _outer_buffer_in_place, f"{_OUTER_CASE_0}, outer step 2 of 4: changed `momentum` in place"),
+    (ex.check_outer_step, _outer_new_locals, f"{_OUTER_CASE_0}, outer step 1 of 4: changed `locals_` in place"),
+    (ex.check_outer_step, _outer_by_torch_sgd, f"{_OUTER_CASE_0}, outer step 1 of 4: torch.optim.SGD is refused here"),
+    (ex.check_outer_step, _outer_by_imported_sgd, "torch.optim.SGD.step is refused here"),
+    (ex.check_outer_step, _outer_by_diloco, "course_lib.local_sgd.DiLoCo is refused here"),
+    (ex.check_break_even_period, _break_even_at_or_below, f"{_TIE}: expected 5, got 4"),
+    (ex.check_break_even_period, _break_even_bytes_every_step, "case 0 (0.2, 496000000.0, 0.25, 2, 5e-05, 0.125): "
+     "expected 80, got inf"),
+    (ex.check_break_even_period, _break_even_without_latency, "case 5 (0.01, 4000000.0, 0.0105, 8, 5e-05, 12.5): "
+     "expected 3, got 2"),
+    (ex.check_break_even_period, _break_even_algbw, "case 1 (0.2, 496000000.0, 0.3, 8, 5e-05, 0.125): expected 70, "
+     "got 40"),
+    (ex.check_break_even_period, _break_even_not_rounded, "case 0 (0.2, 496000000.0, 0.25, 2, 5e-05, 0.125): "
+     "expected 80, got 79.362"),
+    (ex.check_break_even_period, _break_even_no_never, "case 9 (0.2, 496000000.0, 0.2, 8, 5e-05, 1.25): raised "
+     "ZeroDivisionError"),
+    (ex.check_break_even_period, _break_even_only_equal_is_never, "case 10 (0.2, 496000000.0, 0.15, 2, 5e-05, 12.5): "
+     "expected inf, got 0"),
+    (ex.check_break_even_period, lambda c, n, r, p, a, b: costmodel.break_even_period(c, n, r, p, a, b),
+     "course_lib.costmodel.break_even_period is refused here"),
+    (ex.check_break_even_period, _break_even_by_search, "course_lib.costmodel.periodic_step_time is refused here"),
+]
+
+
+def _refused_by_notebook_09():
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)  # torch wraps SGD.step once, at the first SGD
+    return (torch.optim.SGD, torch.optim.SGD.step, torch.optim.Optimizer.step, local_sgd.DiLoCo,
+            local_sgd.DiLoCo.step, costmodel.break_even_period, costmodel.periodic_step_time)
+
+
+@pytest.mark.parametrize("check, wrong, says", LOCAL_SGD_NEAR_MISSES,
+                         ids=[f"{c.__name__}-{i}" for i, (c, _, _) in enumerate(LOCAL_SGD_NEAR_MISSES)])
+def test_local_sgd_near_misses_fail(check, wrong, says, capsys):
+    before = _refused_by_notebook_09()
+    assert not check(wrong)
+    out = capsys.readouterr().out
+    assert "[FAIL]" in out and says in out, out
+    assert _refused_by_notebook_09() == before  # put back, even after a refusal
+
+
+def _outer_another_way(shared, locals_, momentum, lr=0.7, mu=0.9):  # stacked, and in place on copies
+    d = [torch.stack([s - rank[i] for rank in locals_]).mean(0) for i, s in enumerate(shared)]
+    buf = [x.clone() for x in d] if momentum is None else [b.clone().mul_(mu).add_(x) for b, x in zip(momentum, d)]
+    return [s.clone().add_(x.add(b, alpha=mu), alpha=-lr) for s, x, b in zip(shared, d, buf)], buf
+
+
+def _break_even_by_step_time(c, n, r, p, a, b):  # the step time written out, period by period
+    if r <= c:
+        return math.inf
+    H = 1
+    while not c + costmodel.ring_all_reduce_time(n, p, a, b) / H < r:
+        H += 1
+    return H
+
+
+def _break_even_by_ceil(c, n, r, p, a, b):  # in bits, then ceil, one more where H only ties
+    spare = r - c
+    if spare <= 0:
+        return math.inf
+    T = 2 * (p - 1) * a + n * 8 * 2 * (p - 1) / p / (b * 8e9)
+    H = math.ceil(T / spare)
+    return H + 1 if H * spare <= T else H
+
+
+@pytest.mark.parametrize("check, answer", [(ex.check_outer_step, _outer_another_way),
+                                           (ex.check_break_even_period, _break_even_by_step_time),
+                                           (ex.check_break_even_period, _break_even_by_ceil)])
+def test_local_sgd_other_right_answers_pass(check, answer, capsys):
+    assert check(answer), capsys.readouterr().out
+
+
+def test_the_outer_step_reference_is_the_nesterov_formula_and_plain_averaging_at_mu_0():
+    for world_size, shapes, lr, mu, steps in ex.OUTER_STEP_CASES:
+        momentum = None
+        for shared, locals_, (new_shared, new_momentum) in ex.outer_step_rounds(world_size, shapes, lr, mu, steps, 0):
+            assert len(locals_) == world_size and [tuple(t.shape) for t in shared] == shapes
+            d = [torch.stack([s - rank[i] for rank in locals_]).mean(0) for i, s in enumerate(shared)]
+            momentum = d if momentum is None else [mu * b + x for b, x in zip(momentum, d)]
+            assert compare(momentum, new_momentum) is None
+            assert compare([s - lr * (x + mu * b) for s, x, b in zip(shared, d, momentum)], new_shared) is None
+            if (lr, mu) == (1.0, 0.0):  # local SGD: θ_start becomes the ranks' average
+                average = [torch.stack([rank[i] for rank in locals_]).mean(0) for i in range(len(shapes))]
+                assert compare(average, new_shared) is None
+    assert {(w, lr, mu) for w, _, lr, mu, _ in ex.OUTER_STEP_CASES} >= {(2, 0.7, 0.9), (3, 0.7, 0.9), (2, 1.0, 0.0)}
+
+
+def test_break_even_cases_are_far_from_ties_but_one_exact_tie():
+    links = set()
+    for i, (c, n, r, p, a, b) in enumerate(ex.BREAK_EVEN_PERIOD_CASES):
+        links.add((b * 8, p))
+        if r <= c:
+            continue
+        x = costmodel.ring_all_reduce_time(n, p, a, b) / (r - c)
+        if i == 8:  # the tie: exact, however the student orders the arithmetic
+            assert x == 4.0 and c + (2 * a + n / (b * 1e9)) / 4 == r and 4 * (r - c) == 2 * a + n / b / 1e9
+            assert costmodel.periodic_step_time(c, n, 4, p, a, b) == r
+        else:
+            assert abs(x - round(x)) > 0.04, (i, x)
+    assert {gbit for gbit, _ in links} == {1.0, 10.0, 100.0} and {p for _, p in links} == {2, 8}

@@ -6,6 +6,7 @@ import torch
 
 from course_lib import local_sgd
 from course_lib.launch import spawn
+from course_lib.support import local_sgd_runs as R
 from tests import local_sgd_workers as W
 
 CONFIGS = [(period, warmup, groups) for period in (1, 2, 4) for warmup in (0, 3) for groups in (False, True)]
@@ -13,7 +14,7 @@ CONFIGS = [(period, warmup, groups) for period in (1, 2, 4) for warmup in (0, 3)
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_periodic_averager_matches_torchs_at_every_step(world_size):
-    outs = spawn(W.averagers, world_size, CONFIGS, backend="gloo")
+    outs = spawn(R.averagers, world_size, CONFIGS, backend="gloo")
     for rank, rows in enumerate(outs):
         for (period, warmup, groups), row in zip(CONFIGS, rows):
             assert row["worst"] <= 1e-6, (rank, period, warmup, groups, row["worst"])
@@ -32,8 +33,8 @@ def test_periodic_averager_matches_torchs_at_every_step(world_size):
 @pytest.mark.parametrize("world_size", [2, 3])
 @pytest.mark.parametrize("variant", ["", "+subgroup"])
 def test_post_local_sgd_matches_torchs(world_size, variant):
-    ours = spawn(W.post_local, world_size, "course" + variant, backend="gloo")
-    theirs = spawn(W.post_local, world_size, "torch" + variant, backend="gloo")
+    ours = spawn(R.post_local, world_size, "course" + variant, backend="gloo")
+    theirs = spawn(R.post_local, world_size, "torch" + variant, backend="gloo")
     for rank in range(world_size):
         for step, (a, b) in enumerate(zip(ours[rank], theirs[rank])):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=f"rank {rank} step {step}")

@@ -12,9 +12,9 @@ from course_lib import costmodel as C
 from course_lib import data_parallel as dp
 from course_lib import lowrank as L
 from course_lib.support import exercises as ex
-from solutions import nb00, nb01, nb02, nb03, nb04, nb05, nb06, nb07, nb08, nb10
+from solutions import nb00, nb01, nb02, nb03, nb04, nb05, nb06, nb07, nb08, nb09, nb10
 from tests import exercise_answers as A
-from tests.test_exercises import SHARDING_NEAR_MISSES
+from tests.test_exercises import LOCAL_SGD_NEAR_MISSES, SHARDING_NEAR_MISSES
 
 ANSWERS = [
     (ex.check_sum_of_squares, nb00.sum_of_squares),
@@ -39,6 +39,8 @@ ANSWERS = [
     (ex.check_topk_average, nb08.topk_average),
     (ex.check_stochastic_rounding, nb08.my_stochastic_round),
     (ex.check_dgc_step, nb08.my_dgc_step),
+    (ex.check_outer_step, nb09.my_outer_step),
+    (ex.check_break_even_period, nb09.my_break_even),
     (ex.check_break_even_bandwidth, nb10.my_break_even_bandwidth),
     (ex.check_ring_fit, nb10.my_ring_fit),
 ]
@@ -306,7 +308,8 @@ def test_near_misses_fail(check, wrong, says, capsys):
 
 
 def test_every_check_refuses_a_near_miss():
-    refused = {c.__name__ for c, _, _ in NEAR_MISSES + DISTRIBUTED_NEAR_MISSES + SHARDING_NEAR_MISSES}
+    refused = {c.__name__ for c, _, _ in NEAR_MISSES + DISTRIBUTED_NEAR_MISSES + SHARDING_NEAR_MISSES
+               + LOCAL_SGD_NEAR_MISSES}
     assert refused == {check.__name__ for check, _ in ANSWERS}
 
 

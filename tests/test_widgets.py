@@ -247,3 +247,159 @@ def test_memory_calculator_picture_stacks_each_stage():
 def test_memory_calculator_rejects_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         _calculator(**kwargs)
+
+
+# The period explorer (notebook 09): local SGD all-reduces once every H steps
+
+_LOCAL = dict(compute_s=0.02, nbytes=44_000_000, world_size=8, alpha_s=1e-5)
+_DDP = {"compute_s": 0.02, "codec_s": 0.0, "collectives": [("all_reduce", 44_000_000)], "overlap_s": 0.0}
+_TOPK = {"compute_s": 0.02, "codec_s": 0.004, "collectives": [("all_gather", 440_000)]}
+
+
+def _periods(**kwargs):
+    from course_lib.support.widgets import period_explorer
+    return period_explorer(**{**_LOCAL, "references": {"fp32 all-reduce (DDP)": _DDP, "top-k 1%": _TOPK,
+                                                       "measured, 50 ms": 0.05}, **kwargs})
+
+
+def _row(w, name):
+    """A reference's row of the table, as the student reads it: its five cells."""
+    import re
+    return re.search(rf"<tr><td>{re.escape(name)}</td>" + "<td>([^<]*)</td>" * 4 + "</tr>", w.text.value).groups()
+
+
+def test_period_explorer_shows_the_cost_models_numbers():
+    from course_lib.costmodel import (
+        break_even_period,
+        periodic_step_time,
+        predict_compressed_step_time,
+        ring_all_reduce_time,
+    )
+    w = _periods(busbw=0.5, period=16, compute_label="one GPU's")
+    assert "GB/s" in w.bandwidth.description and w.period.description == "period H (steps)"
+    assert (w.bandwidth.min, w.bandwidth.max) == (-2, 3) and (w.period.options[0], w.period.options[-1]) == (1, 1024)
+    assert w.text.value.startswith("<b>communicate every 16 steps</b>")
+    assert "0.5 GB/s (4 Gbit/s)" in w.text.value and "computation: one GPU's" in w.text.value
+    p = w.predictions()
+    local = periodic_step_time(0.02, 44_000_000, 16, 8, 1e-5, 0.5)
+    assert p["busbw_GBps"] == 0.5 and p["period"] == 16 and p["local_sgd_s"] == local
+    assert p["all_reduce_s"] == ring_all_reduce_time(44_000_000, 8, 1e-5, 0.5)
+    links = {"all_reduce": (1e-5, 0.5), "all_gather": (1e-5, 0.5)}
+    steps = {"fp32 all-reduce (DDP)": predict_compressed_step_time(world_size=8, links=links, **_DDP),
+             "top-k 1%": predict_compressed_step_time(world_size=8, links=links, **_TOPK), "measured, 50 ms": 0.05}
+    for name, step in steps.items():
+        r = p["references"][name]
+        assert r["step_s"] == step and r["speed_up"] == step / local, name
+        assert r["break_even_period"] == break_even_period(0.02, 44_000_000, step, 8, 1e-5, 0.5), name
+        assert _row(w, name) == (f"{step * 1e3:,.3f} ms", f"{local * 1e3:,.3f} ms", f"{step / local:.2f}x",
+                                 str(int(r["break_even_period"]))), name
+    # at another bandwidth and period without moving the sliders
+    assert w.predictions(busbw=10.0, period=3)["local_sgd_s"] == periodic_step_time(0.02, 44_000_000, 3, 8, 1e-5, 10.0)
+    w.bandwidth.value = 1000.0  # whole numbers from 100 GB/s up, not 1e+03
+    assert "bus bandwidth 1000 GB/s (8000 Gbit/s)" in w.text.value and "1000 GB/s" in w.figure().axes[0].get_title()
+    plt.close("all")
+
+
+def test_moving_each_period_control_changes_the_text_and_picture():
+    w = _periods(busbw=1.25, period=8)
+    moves = [(w.period, 64, "period"), (w.bandwidth, 12.5, "busbw_GBps"), (w.period, 2, "period"),
+             (w.bandwidth, 0.05, "busbw_GBps")]
+    for control, value, key in moves:
+        text, picture, before = w.text.value, w.plot.value, w.predictions()
+        control.value = value
+        after = w.predictions()
+        assert after[key] == value and w.text.value != text and w.plot.value != picture, key
+        assert w.text.value.startswith(f"<b>communicate every {after['period']} steps</b>"), key
+        assert f"{after['local_sgd_s'] * 1e3:,.3f} ms" in w.text.value, key
+        # a longer period, or a faster link, gives a shorter local SGD step; and the other way round
+        grows = (value > before[key])
+        assert (after["local_sgd_s"] < before["local_sgd_s"]) == grows, key
+        if key == "busbw_GBps":  # the per-step references move with the link too; the measured one does not
+            assert (after["references"]["top-k 1%"]["step_s"] < before["references"]["top-k 1%"]["step_s"]) == grows
+            assert after["references"]["measured, 50 ms"]["step_s"] == 0.05
+
+
+@pytest.mark.parametrize("busbw", [0.01, 0.037, 0.125, 0.5, 1.25, 3.3, 12.5, 47.0, 100.0, 370.0, 1000.0])
+def test_the_break_even_period_shown_is_the_smallest_that_beats_the_reference(busbw):
+    from course_lib.costmodel import periodic_step_time
+    w = _periods(busbw=busbw)
+    for name, r in w.predictions()["references"].items():
+        shown = _row(w, name)[3]
+        if shown == "never":
+            assert r["step_s"] <= 0.02, name
+            continue
+        h = int(shown)
+        assert h == r["break_even_period"], name
+        # H steps faster than the reference; H - 1 does not (at H - 1 = 0 there is nothing to check)
+        assert periodic_step_time(0.02, 44_000_000, h, 8, 1e-5, busbw) < r["step_s"], (name, h)
+        assert h == 1 or periodic_step_time(0.02, 44_000_000, h - 1, 8, 1e-5, busbw) >= r["step_s"], (name, h)
+
+
+def test_plain_averaging_every_step_is_no_faster_than_ddp():
+    # H = 1 is DDP's own all-reduce each step: equal, not faster, so the first period that beats it is 2
+    w = _periods(busbw=1.25, period=1)
+    p = w.predictions()
+    assert p["local_sgd_s"] == p["references"]["fp32 all-reduce (DDP)"]["step_s"]
+    assert _row(w, "fp32 all-reduce (DDP)")[2:] == ("1.00x", "2")
+    assert w.text.value.startswith("<b>communicate every 1 step</b>")
+
+
+def test_a_reference_no_slower_than_computing_alone_is_never_beaten():
+    from course_lib.support.widgets import period_explorer
+    no_comm = {"compute_s": 0.02, "codec_s": 0.0, "collectives": []}  # computation alone: equal at best
+    w = period_explorer(**_LOCAL, references={"no communication": no_comm, "a faster GPU": 0.015,
+                                              "fp32 all-reduce (DDP)": _DDP}, busbw=0.01, period=1024)
+    p = w.predictions()
+    for name in ("no communication", "a faster GPU"):
+        assert p["references"][name]["break_even_period"] == float("inf"), name
+        assert _row(w, name)[3] == "never", name
+        assert p["local_sgd_s"] > p["references"][name]["step_s"], name
+    assert _row(w, "fp32 all-reduce (DDP)")[3] == "2"
+    fig = w.figure()
+    try:
+        labels = [line.get_label() for line in fig.axes[0].get_lines()]
+        assert "no communication (never overtaken)" in labels and "fp32 all-reduce (DDP) (overtaken at H = 2)" in labels
+    finally:
+        plt.close(fig)
+
+
+def test_period_explorer_picture_is_the_curve_and_the_references():
+    from course_lib.costmodel import periodic_step_time
+    w = _periods(busbw=0.05, period=32)
+    p = w.predictions()
+    fig = w.figure()
+    try:
+        ax = fig.axes[0]
+        assert ax.get_xscale() == "log" and ax.get_yscale() == "log" and ax.get_xlim() == (1, 1024)
+        assert ax.get_xlabel().startswith("period H (steps") and ax.get_ylabel().startswith("predicted step time (ms")
+        assert "0.05 GB/s" in ax.get_title()
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        curve = lines["local SGD (all-reduce every H steps)"]
+        assert list(curve.get_xdata()) == list(range(1, 1025))
+        assert list(curve.get_ydata()) == pytest.approx(
+            [periodic_step_time(0.02, 44_000_000, h, 8, 1e-5, 0.05) * 1e3 for h in range(1, 1025)])
+        for name, r in p["references"].items():
+            flat = lines[f"{name} (overtaken at H = {int(r['break_even_period'])})"]
+            assert list(flat.get_ydata()) == pytest.approx([r["step_s"] * 1e3] * 2), name
+        marked = lines[f"H = 32: {p['local_sgd_s'] * 1e3:,.3f} ms a step"]
+        assert (list(marked.get_xdata()), list(marked.get_ydata())) == ([32], [pytest.approx(p["local_sgd_s"] * 1e3)])
+    finally:
+        plt.close(fig)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(compute_s=0.0), "compute_s"), (dict(compute_s=float("nan")), "compute_s"), (dict(nbytes=-1), "nbytes"),
+    (dict(world_size=0), "world_size"), (dict(world_size=2.0), "world_size"), (dict(alpha_s=-1e-6), "alpha_s"),
+    (dict(busbw=0.001), "busbw"), (dict(busbw=2000.0), "busbw"), (dict(period=0), "period"),
+    (dict(period=2048), "period"), (dict(period=8.0), "period"), (dict(references={}), "references"),
+    (dict(references={"x": -0.01}), r"references\['x'\]"), (dict(references={"x": {"compute_s": 0.02}}), "codec_s"),
+    (dict(references={"x": {**_DDP, "busbw": 1.0}}), "busbw"),
+    (dict(references={"x": {**_DDP, "collectives": [("broadcast", 10)]}}), "all_gather"),
+    (dict(references={"x": {**_DDP, "codec_s": -1.0}}), r"references\['x'\]: codec_s"),
+    (dict(compute_label=3), "compute_label"),
+])
+def test_period_explorer_rejects_bad_arguments(kwargs, message):
+    from course_lib.support.widgets import period_explorer
+    args = {**_LOCAL, "references": {"fp32 all-reduce (DDP)": _DDP}, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        period_explorer(**args)

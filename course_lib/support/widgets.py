@@ -5,6 +5,8 @@ a random matrix, a photograph), move the slider, and see the reconstruction, wha
 (the residual, on the original's colour scale), its error, the best
 error any rank-r approximation could have (the SVD's), and how much smaller P and Q are than M.
 ``memory_calculator`` shows what one rank holds under DDP and ZeRO stages 1 to 3 (notebook 04).
+``period_explorer`` slides the bandwidth and the period H of local SGD, which all-reduces once every H
+steps, against per-step methods (notebook 09).
 """
 
 import io
@@ -15,14 +17,22 @@ import ipywidgets as widgets
 import matplotlib.cbook as cbook
 import matplotlib.pyplot as plt
 import torch
+from matplotlib.ticker import LogFormatter
 
 from course_lib import lowrank, sharding
-from course_lib.costmodel import break_even_bandwidth, predict_compressed_step_time, predict_step_time
+from course_lib.costmodel import (
+    break_even_bandwidth,
+    break_even_period,
+    periodic_step_time,
+    predict_compressed_step_time,
+    predict_step_time,
+    ring_all_reduce_time,
+)
 from course_lib.support import checks
 from course_lib.support.digits import gradient_snapshots
 
 __all__ = ["hopper_gray", "default_matrices", "rank_explorer", "bandwidth_explorer", "compression_explorer",
-           "memory_calculator"]
+           "memory_calculator", "period_explorer"]
 
 
 def _png(fig) -> bytes:
@@ -168,19 +178,23 @@ def rank_explorer(matrices: dict[str, torch.Tensor] | None = None, rank: int = 4
     return RankExplorer(matrices if matrices is not None else default_matrices(), rank, max_rank, iters, seed)
 
 
-def _slider_table_plot(box: widgets.VBox, busbw: float, min_exponent: float, max_exponent: float) -> None:
-    # An explorer's parts: a GB/s slider on a log scale, an HTML table and a picture, redrawn by
-    # box._update whenever the slider moves (and once now).
+def _slider_table_plot(box: widgets.VBox, busbw: float, min_exponent: float, max_exponent: float,
+                       extra: tuple = (), **slider) -> None:
+    # An explorer's parts: a GB/s slider on a log scale (beside the ``extra`` controls, if any), an
+    # HTML table and a picture, redrawn by box._update whenever a control moves (and once now).
+    # ``slider``: the GB/s slider's description, style and layout, if not the plain "GB/s".
     # The slider would clip a value outside its range and show another one without a word.
     checks.number("busbw (GB/s, the slider's start)", busbw, 10**min_exponent, 10**max_exponent)
     checks.integer("world_size", box.world_size, 1)
     checks.number("alpha_s", box.alpha_s, 0)
     box.bandwidth = widgets.FloatLogSlider(value=busbw, base=10, min=min_exponent, max=max_exponent, step=0.05,
-                                           description="GB/s", continuous_update=False)
+                                           continuous_update=False, **{"description": "GB/s", **slider})
     box.text = widgets.HTML()
     box.plot = widgets.Image(format="png")
-    widgets.VBox.__init__(box, [box.bandwidth, box.text, box.plot])
-    box.bandwidth.observe(box._update, names="value")
+    controls = widgets.HBox([box.bandwidth, *extra]) if extra else box.bandwidth
+    widgets.VBox.__init__(box, [controls, box.text, box.plot])
+    for control in (box.bandwidth, *extra):
+        control.observe(box._update, names="value")
     box._update()
 
 
@@ -473,3 +487,168 @@ def memory_calculator(n_params: int, world_size: int = 2, stage: int = 0, optimi
     for each), fixed. The model-size slider spans 10^3 to 10^12 parameters (lower when ``n_params`` is).
     """
     return MemoryCalculator(n_params, world_size, stage, optimizer, precision, tensors, activation_bytes)
+
+
+# The period explorer (notebook 09): local SGD all-reduces once every H steps
+_PERIODS = [2**k for k in range(11)]  # the period slider's stops: 1, 2, 4, ..., 1024 steps
+_REFERENCE_KEYS = {"compute_s", "codec_s", "collectives"}  # predict_compressed_step_time's, besides the optional
+_REFERENCE_OPTIONAL = {"overlap_s", "wait_s"}
+_REFERENCE_COLOURS = ["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive",
+                      "tab:cyan"]
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.3f} ms"
+
+
+def _rate(x: float) -> str:
+    """A bandwidth's number: three significant digits, and whole from 100 up (1000, not 1e+03)."""
+    return f"{x:.3g}" if x < 100 else f"{x:.0f}"
+
+
+def _reference(name, reference, world_size: int, alpha_s: float):
+    """A reference checked: a step time in seconds (a float), or predict_compressed_step_time's keyword arguments."""
+    if not isinstance(reference, dict):
+        return checks.number(f"references[{name!r}] (a step time in seconds, or a dict)", reference, 0,
+                             low_open=True)
+    keys = set(reference)
+    if not _REFERENCE_KEYS <= keys or not keys <= _REFERENCE_KEYS | _REFERENCE_OPTIONAL:
+        raise ValueError(f"references[{name!r}] must give predict_compressed_step_time's compute_s, codec_s and "
+                         f"collectives (and optionally overlap_s, wait_s), got the keys {sorted(keys)}")
+    try:
+        ops = [op for op, _ in reference["collectives"]]
+    except (TypeError, ValueError):
+        ops = None
+    if ops is None or not set(ops) <= {"all_reduce", "all_gather"}:
+        raise ValueError(f"references[{name!r}]['collectives'] must be a list of (op, nbytes), op 'all_reduce' or "
+                         f"'all_gather', got {reference['collectives']!r}")
+    links = {"all_reduce": (alpha_s, 1.0), "all_gather": (alpha_s, 1.0)}
+    try:  # its numbers, checked once here rather than at the first move of a slider
+        predict_compressed_step_time(world_size=world_size, links=links, **reference)
+    except ValueError as e:
+        raise ValueError(f"references[{name!r}]: {e}") from None
+    return dict(reference)
+
+
+class PeriodExplorer(widgets.VBox):
+    """Local SGD's predicted step time (one all-reduce every H steps, :func:`course_lib.costmodel.periodic_step_time`)
+    against per-step methods: ``.bandwidth`` (FloatLogSlider, bus bandwidth in GB/s, 0.01 to 1000), ``.period``
+    (SelectionSlider, H in steps: powers of two from 1 to 1024, and the ``period`` given), ``.text`` (HTML starting
+    "<b>communicate every H steps</b>", H the slider's, then a table: each reference's step time, local SGD's,
+    local SGD's speed-up over it and the break-even H) and ``.plot`` (PNG: step time against H).
+    ``.predictions()`` returns the numbers shown. The box has the CSS class ``period-explorer``."""
+
+    def __init__(self, compute_s: float, nbytes: float, world_size: int, alpha_s: float,
+                 references: dict[str, float] | dict[str, dict], busbw: float = 1.25, period: int = 8,
+                 compute_label: str = ""):
+        checks.number("compute_s (seconds of computation a step)", compute_s, 0, low_open=True)
+        checks.number("nbytes (bytes all-reduced every H steps)", nbytes, 0)
+        checks.integer("world_size", world_size, 1)
+        checks.number("alpha_s", alpha_s, 0)
+        # the slider would clip a period outside its range and show another one without a word
+        checks.integer("period (H, the period slider's start)", period, 1, _PERIODS[-1])
+        if not isinstance(references, dict) or not references:
+            raise ValueError("references must be a non-empty dict: a name -> a step time in seconds, or the keyword "
+                             f"arguments of predict_compressed_step_time, got {references!r}")
+        if not isinstance(compute_label, str):
+            raise ValueError(f"compute_label must be a string, got {compute_label!r}")
+        self.compute_s, self.nbytes, self.world_size, self.alpha_s = compute_s, nbytes, world_size, alpha_s
+        self.compute_label = compute_label  # whose computation compute_s is, shown with the table
+        self.references = {name: _reference(name, r, world_size, alpha_s) for name, r in references.items()}
+        style = {"description_width": "160px"}
+        self.period = widgets.SelectionSlider(options=sorted(set(_PERIODS) | {period}), value=period,
+                                              description="period H (steps)", continuous_update=False, style=style,
+                                              layout=widgets.Layout(width="460px"))
+        _slider_table_plot(self, busbw, min_exponent=-2, max_exponent=3, extra=(self.period,),
+                           description="bus bandwidth (GB/s)", style=style, layout=widgets.Layout(width="460px"))
+        self.add_class("period-explorer")
+
+    def _links(self, busbw: float) -> dict:
+        return {"all_reduce": (self.alpha_s, busbw), "all_gather": (self.alpha_s, busbw)}
+
+    def predictions(self, busbw: float | None = None, period: int | None = None) -> dict:
+        """The numbers shown (at another bus bandwidth or period if given): ``busbw_GBps``, ``period``,
+        ``all_reduce_s`` (one all-reduce of ``nbytes``), ``local_sgd_s`` (seconds per step, on average) and
+        ``references``: for each, ``step_s``, ``speed_up`` (its step time over local SGD's) and
+        ``break_even_period`` (the smallest H at which local SGD steps faster; ``inf``: none)."""
+        busbw = self.bandwidth.value if busbw is None else busbw
+        period = self.period.value if period is None else checks.integer("period", period, 1)
+        link = (self.world_size, self.alpha_s, busbw)
+        local = periodic_step_time(self.compute_s, self.nbytes, period, *link)
+        references = {}
+        for name, r in self.references.items():
+            step = r if isinstance(r, float) else predict_compressed_step_time(
+                world_size=self.world_size, links=self._links(busbw), **r)
+            references[name] = {"step_s": step, "speed_up": step / local,
+                                "break_even_period": break_even_period(self.compute_s, self.nbytes, step, *link)}
+        return {"busbw_GBps": busbw, "period": period, "all_reduce_s": ring_all_reduce_time(self.nbytes, *link),
+                "local_sgd_s": local, "references": references}
+
+    def _update(self, change=None):
+        p = self.predictions()
+        h = p["period"]
+        rows = "".join(
+            f"<tr><td>{name}</td><td>{_ms(r['step_s'])}</td><td>{_ms(p['local_sgd_s'])}</td>"
+            f"<td>{r['speed_up']:.2f}x</td>"
+            f"<td>{'never' if r['break_even_period'] == float('inf') else int(r['break_even_period'])}</td></tr>"
+            for name, r in p["references"].items())
+        self.text.value = (
+            f"<b>communicate every {h} step{'s' if h != 1 else ''}</b>: local SGD {_ms(p['local_sgd_s'])} a step "
+            f"(one all-reduce of {self.nbytes / 1e6:.3g} MB, {_ms(p['all_reduce_s'])}, shared by {h} "
+            f"step{'s' if h != 1 else ''}); bus bandwidth {_rate(p['busbw_GBps'])} GB/s "
+            f"({_rate(8 * p['busbw_GBps'])} Gbit/s), latency {self.alpha_s * 1e6:.0f} µs, {self.world_size} workers"
+            + (f", computation: {self.compute_label}" if self.compute_label else "")
+            + "<table><tr><th>reference (every step)</th><th>its step time</th><th>local SGD, H = "
+            f"{h}</th><th>speed-up of local SGD</th><th>break-even H (smallest that beats it)</th></tr>"
+            f"{rows}</table>")
+        self.plot.value = _png(self.figure(p))
+
+    def figure(self, p: dict | None = None):
+        """Step time against H (1 to 1024, log scales) at the current bandwidth: local SGD's curve, each
+        reference as a horizontal line (a hollow circle where local SGD overtakes it), computation alone as the
+        floor, and the slider's H marked."""
+        p = self.predictions() if p is None else p
+        link = (self.world_size, self.alpha_s, p["busbw_GBps"])
+        periods = range(1, _PERIODS[-1] + 1)
+        fig, ax = plt.subplots(figsize=(7.5, 3.6))
+        ax.plot(periods, [periodic_step_time(self.compute_s, self.nbytes, h, *link) * 1e3 for h in periods],
+                color="black", label="local SGD (all-reduce every H steps)")
+        ax.axhline(self.compute_s * 1e3, color="grey", ls=":", label="computation alone (the floor)")
+        for i, (name, r) in enumerate(p["references"].items()):
+            colour = _REFERENCE_COLOURS[i % len(_REFERENCE_COLOURS)]
+            h = r["break_even_period"]
+            ax.axhline(r["step_s"] * 1e3, color=colour, ls="--",
+                       label=f"{name} ({'never overtaken' if h == float('inf') else f'overtaken at H = {int(h)}'})")
+            if h <= periods[-1]:
+                ax.plot([h], [periodic_step_time(self.compute_s, self.nbytes, int(h), *link) * 1e3], "o",
+                        color=colour, mfc="none")
+        ax.axvline(p["period"], color="tab:red", lw=0.8)
+        ax.plot([p["period"]], [p["local_sgd_s"] * 1e3], "o", color="tab:red",
+                label=f"H = {p['period']}: {_ms(p['local_sgd_s'])} a step")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        for axis_format in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+            axis_format(LogFormatter())  # 60, not 6 x 10^1
+        ax.set_xlim(1, periods[-1])
+        ax.set_xticks(_PERIODS[::2], [str(h) for h in _PERIODS[::2]])
+        ax.set(xlabel="period H (steps between all-reduces, log scale)",
+               ylabel="predicted step time (ms, log scale)",
+               title=f"Step time against the period H at {_rate(p['busbw_GBps'])} GB/s, {self.world_size} workers")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+        return fig
+
+
+def period_explorer(compute_s: float, nbytes: float, world_size: int, alpha_s: float,
+                    references: dict[str, float] | dict[str, dict], busbw: float = 1.25, period: int = 8,
+                    compute_label: str = "") -> PeriodExplorer:
+    """Slide the bus bandwidth and local SGD's period H; see its predicted step time (one ring all-reduce of
+    ``nbytes`` every H steps, :func:`course_lib.costmodel.periodic_step_time`) against per-step methods, its
+    speed-up over each and the smallest H that beats each (:func:`course_lib.costmodel.break_even_period`).
+
+    ``references`` maps a name to the keyword arguments of
+    :func:`~course_lib.costmodel.predict_compressed_step_time` (compute_s, codec_s, collectives, overlap_s),
+    evaluated at the slider's bandwidth on one link of latency ``alpha_s`` for both collectives, or to a
+    step time in seconds (measured: the same at every bandwidth). ``compute_label`` says whose computation
+    ``compute_s`` is.
+    """
+    return PeriodExplorer(compute_s, nbytes, world_size, alpha_s, references, busbw, period, compute_label)
