@@ -87,9 +87,10 @@ class PeriodicModelAverager:
 
 class PostLocalSGDState:
     """The hook's state: gradients all-reduced over ``process_group`` (None: every rank) for the
-    first ``start_localSGD_iter`` iterations, then over ``subgroup`` (None: none at all, each rank
-    on its own — torch's default is instead the ranks of one machine) unless
-    ``post_local_gradient_allreduce`` is False."""
+    first ``start_localSGD_iter`` iterations, then over ``subgroup`` unless
+    ``post_local_gradient_allreduce`` is False. One difference from torch's: ``subgroup=None`` means
+    no gradient all-reduce after the warm-up (each rank on its own), where torch's builds subgroups
+    of the ranks of each machine (``dist.new_subgroups()``, sized by the machine's GPUs)."""
 
     __slots__ = ["process_group", "subgroup", "start_localSGD_iter", "post_local_gradient_allreduce", "iter"]
 
@@ -151,8 +152,8 @@ class DiLoCo:
 
     Every call steps the ``inner`` optimizer (built by the caller over ``params``, e.g. AdamW); every
     ``period`` calls, the outer step: the pseudo-gradient Δ = θ_start − θ (what H inner steps moved
-    the parameters by, reversed) is averaged over the ranks (optionally through ``compress``, a
-    function that returns what the other ranks receive of a tensor, e.g. a 16-bit round trip), set
+    the parameters by, reversed) is averaged over the ranks (optionally sent as ``compress`` makes it,
+    e.g. ``torch.Tensor.half``: the all-reduce then runs in 16 bits, and the mean is cast back), set
     as the gradient of the shared copy θ_start, and ``outer_cls`` (default: SGD with Nesterov
     momentum, ``outer_lr`` 0.7, ``outer_momentum`` 0.9, the paper's) steps it; the model restarts
     from θ_start. The inner optimizer's state stays on each rank, as in the paper.
@@ -187,10 +188,10 @@ class DiLoCo:
         if self.inner_steps % self.period:
             return False
         delta = torch.cat([(s - p).reshape(-1) for s, p in zip(self.shared, self.params)])
-        if self.compress is not None:
-            delta = self.compress(delta)
-        delta /= dist.get_world_size(self.group)
-        collectives.ring_all_reduce(delta, group=self.group)
+        sent = delta if self.compress is None else self.compress(delta)
+        sent /= dist.get_world_size(self.group)  # divided first, as torch's 16-bit hooks: no overflow in the sum
+        collectives.ring_all_reduce(sent, group=self.group)
+        delta = sent.to(delta.dtype)
         offset = 0
         for s in self.shared:
             s.grad = delta[offset:offset + s.numel()].view_as(s).clone()

@@ -20,8 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from course_lib import collectives, local_sgd
 from course_lib.support.digits import batch_slice, digits_tensors, mlp
 
-__all__ = ["HIDDEN", "BATCH", "STEPS", "averagers", "post_local", "post_local_pairs", "drift", "train", "sweep",
-           "fp16_round_trip"]
+__all__ = ["HIDDEN", "BATCH", "STEPS", "averagers", "post_local", "post_local_pairs", "drift", "train", "sweep"]
 
 HIDDEN, BATCH, STEPS = 256, 64, 256  # the compression notebook's model; 64 a step in all, 32 per rank
 PARITY_LR = 0.05
@@ -93,11 +92,12 @@ def post_local_pairs(rank: int, world_size: int, variants=("", "+subgroup")) -> 
 
 def post_local(rank: int, world_size: int, kind: str, start: int = 3, period: int = 2, steps: int = 8) -> list:
     """DDP with a post-local-SGD hook and optimizer, the course's (kind "course") or torch's ("torch"),
-    on this rank's data; "+subgroup": after the warm-up, gradients all-reduced in groups of one rank
-    (no-ops) instead of not at all. The parameters after each step, flat."""
+    on this rank's data; "+subgroup": after the warm-up, gradients all-reduced within a subgroup (here
+    one of every rank) instead of not at all. The parameters after each step, flat."""
     kind, _, variant = kind.partition("+")
     model = DDP(mlp(hidden=16, depth=1, seed=0))
-    subgroup = dist.new_subgroups(group_size=1)[0] if variant == "subgroup" else None
+    # "+subgroup": one subgroup of every rank, so that the gradients keep being averaged after the warm-up
+    subgroup = dist.new_subgroups(group_size=world_size)[0] if variant == "subgroup" else None
     sgd = torch.optim.SGD(model.parameters(), lr=PARITY_LR, momentum=0.9)
     if kind == "course":
         state = local_sgd.PostLocalSGDState(None, subgroup, start)
@@ -157,24 +157,27 @@ def train(rank: int, world_size: int, method: str, period: int = 1, lr: float = 
           warmup: int = 0, steps: int = STEPS, fp16: bool = False) -> dict:
     """Train the digits MLP on this rank's half of each batch, with ``method``:
 
-    * ``"ddp"``: torch's DDP, SGD with momentum 0.9 at ``lr``;
+    * ``"ddp"``: torch's DDP, SGD with momentum 0.9 at ``lr``; ``"ddp-adamw"``: the same with AdamW;
     * ``"local"``: local SGD, the same optimizer on each rank, parameters averaged every ``period`` steps;
     * ``"post-local"``: DDP with the course's post-local-SGD hook for ``warmup`` steps, then local SGD;
     * ``"diloco"``: DiLoCo, AdamW at ``lr`` inside, the paper's outer step every ``period`` steps
-      (``fp16``: the pseudo-gradient sent in 16 bits, :func:`fp16_round_trip`).
+      (``fp16``: the pseudo-gradient sent in 16 bits).
 
     The model read out is the ranks' average (one more average at the end where the last step was not
-    one). Returns the test accuracy (%) and the bytes of parameters or gradients each rank handed
-    to a collective per step, on average."""
+    one). Returns the test accuracy (%), the bytes of parameters or gradients each rank handed to a
+    collective per step on average (``bytes_per_step``), and the bytes the course's ring sent from this
+    rank per step (``sent_per_step``, measured; not DDP's all-reduces, which are torch's)."""
     x, y, x_test, y_test = _data(seed)
     model = mlp(hidden=HIDDEN, depth=2, seed=seed)
     numel = sum(p.numel() for p in model.parameters())
-    if method in ("ddp", "post-local"):
+    if method in ("ddp", "ddp-adamw", "post-local"):
         model = DDP(model)
     sgd = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     outer = None
     if method == "ddp":
         opt = sgd
+    elif method == "ddp-adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=lr)
     elif method == "local":
         opt = local_sgd.PostLocalSGDOptimizer(sgd, local_sgd.PeriodicModelAverager(period, warmup_steps=period - 1))
     elif method == "post-local":
@@ -182,10 +185,11 @@ def train(rank: int, world_size: int, method: str, period: int = 1, lr: float = 
         opt = local_sgd.PostLocalSGDOptimizer(sgd, local_sgd.PeriodicModelAverager(period, warmup_steps=warmup))
     elif method == "diloco":
         opt = torch.optim.AdamW(model.parameters(), lr=lr)
-        outer = local_sgd.DiLoCo(model.parameters(), opt, period, compress=fp16_round_trip if fp16 else None)
+        outer = local_sgd.DiLoCo(model.parameters(), opt, period, compress=torch.Tensor.half if fp16 else None)
     else:
-        raise ValueError(f"method must be 'ddp', 'local', 'post-local' or 'diloco', got {method!r}")
+        raise ValueError(f"method must be 'ddp', 'ddp-adamw', 'local', 'post-local' or 'diloco', got {method!r}")
     averaged = True
+    collectives.sent.reset()
     for step in range(steps):
         where = batch_slice(step, BATCH, len(x), rank, world_size)
         opt.zero_grad()
@@ -198,24 +202,21 @@ def train(rank: int, world_size: int, method: str, period: int = 1, lr: float = 
                 averaged = step % period == period - 1
             elif method == "post-local":  # gradients averaged in the warm-up, then parameters from its end on
                 averaged = step < warmup or (step - warmup) % period == 0
+    sent = collectives.sent.bytes / steps  # what the course's ring sent (DDP's all-reduce is torch's)
     if not averaged:
         local_sgd.average_parameters(model.parameters())
     with torch.no_grad():
         accuracy = 100 * (model(x_test).argmax(1) == y_test).float().mean().item()
-    if method == "ddp":
+    if method.startswith("ddp"):
         per_step = 4 * numel
     elif method == "post-local":
         per_step = 4 * numel * (warmup + (steps - warmup) / period) / steps
     else:
         per_step = (2 if fp16 else 4) * numel / period
-    return {"accuracy": accuracy, "bytes_per_step": per_step}
+    return {"accuracy": accuracy, "bytes_per_step": per_step, "sent_per_step": sent}
 
 
 def sweep(rank: int, world_size: int, configs: list[dict]) -> list[dict]:
     """:func:`train` for each config (its keyword arguments), one after the other in the same processes."""
     return [train(rank, world_size, **config) for config in configs]
 
-
-def fp16_round_trip(tensor: torch.Tensor) -> torch.Tensor:
-    """What the other ranks receive of a tensor sent in fp16 (half the bytes)."""
-    return tensor.half().float()
