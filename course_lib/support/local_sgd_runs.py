@@ -92,12 +92,14 @@ def post_local_pairs(rank: int, world_size: int, variants=("", "+subgroup")) -> 
 
 def post_local(rank: int, world_size: int, kind: str, start: int = 3, period: int = 2, steps: int = 8) -> list:
     """DDP with a post-local-SGD hook and optimizer, the course's (kind "course") or torch's ("torch"),
-    on this rank's data; "+subgroup": after the warm-up, gradients all-reduced within a subgroup (here
-    one of every rank) instead of not at all. The parameters after each step, flat."""
+    on this rank's data; "+subgroup": after the warm-up, gradients all-reduced within a subgroup (on 3
+    ranks: {0, 1} and {2}) instead of not at all. The parameters after each step, flat."""
     kind, _, variant = kind.partition("+")
     model = DDP(mlp(hidden=16, depth=1, seed=0))
-    # "+subgroup": one subgroup of every rank, so that the gradients keep being averaged after the warm-up
-    subgroup = dist.new_subgroups(group_size=world_size)[0] if variant == "subgroup" else None
+    # "+subgroup": after the warm-up the gradients are averaged within subgroups: on 3 ranks {0, 1} and
+    # {2}, so that an all-reduce over every rank (or none) would give other parameters; on 2, both ranks
+    groups = [list(range(world_size - 1)), [world_size - 1]] if world_size > 2 else [list(range(world_size))]
+    subgroup = dist.new_subgroups_by_enumeration(groups)[0] if variant == "subgroup" else None
     sgd = torch.optim.SGD(model.parameters(), lr=PARITY_LR, momentum=0.9)
     if kind == "course":
         state = local_sgd.PostLocalSGDState(None, subgroup, start)

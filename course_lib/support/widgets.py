@@ -17,7 +17,7 @@ import ipywidgets as widgets
 import matplotlib.cbook as cbook
 import matplotlib.pyplot as plt
 import torch
-from matplotlib.ticker import LogFormatter
+from matplotlib.ticker import FuncFormatter
 
 from course_lib import lowrank, sharding
 from course_lib.costmodel import (
@@ -628,7 +628,7 @@ class PeriodExplorer(widgets.VBox):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         for axis_format in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
-            axis_format(LogFormatter())  # 60, not 6 x 10^1
+            axis_format(FuncFormatter(lambda value, _: f"{value:g}"))  # 60 and 0.9, not 6 x 10^1 and 9e-01
         ax.set_xlim(1, periods[-1])
         ax.set_xticks(_PERIODS[::2], [str(h) for h in _PERIODS[::2]])
         ax.set(xlabel="period H (steps between all-reduces, log scale)",
