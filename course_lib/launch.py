@@ -10,9 +10,14 @@ Every multi-process notebook and test goes through :func:`spawn`. It exists beca
 
 How it works: the parent process hosts the rendezvous store itself (a ``TCPStore`` on a port the
 operating system picks, so two spawns never collide) and starts the workers with
-``torch.multiprocessing.start_processes``, the machinery that ``mp.spawn`` runs: the *spawn* start
-method, ``_worker(rank, ...)`` in process ``rank``, and (on Linux) a SIGINT to every worker if the
-parent process dies. On top of it, spawn adds what start_processes lacks:
+``torch.multiprocessing.start_processes``, the machinery that ``mp.spawn`` runs: ``_worker(rank, ...)``
+in process ``rank``, and (on Linux) a SIGINT to every worker if the process that started it dies.
+The start method (see :data:`START_METHOD`) is *forkserver* on Linux: a server process, started at
+the first call, imports torch and course_lib once, and forks each worker from that clean state, so a
+worker starts in milliseconds instead of the seconds a new interpreter takes to import torch. Elsewhere
+it is *spawn* (a new interpreter per worker), which is also what ``start_method="spawn"`` asks for.
+Either way the function and its arguments are sent to the worker by pickling, and the worker gets this
+process's environment as it is at the call. On top of it, spawn adds what start_processes lacks:
 
 * the process group: each worker joins it through the parent's store before ``fn`` runs;
 * results: every worker sends ``fn``'s return value (or its exception: type, message, traceback and
@@ -36,6 +41,7 @@ import multiprocessing
 import os
 import pickle
 import queue
+import select
 import signal
 import socket
 import sys
@@ -57,7 +63,21 @@ __all__ = [
     "worker_device",
     "free_port",
     "report_progress",
+    "START_METHOD",
 ]
+
+# The start method spawn uses when not told: forkserver where it is safe with the libraries torch uses
+# (Linux; macOS's system libraries may crash in a forked child, which is why Python itself moved
+# macOS to spawn), spawn elsewhere. Both give a worker nothing of the parent's Python state but
+# what is sent to it; the tests run the same workers under both and compare their results.
+START_METHOD = "forkserver" if sys.platform.startswith("linux") else "spawn"
+START_METHODS = ("spawn", "forkserver")
+# What the fork server imports before it forks anything: what every worker needs, once.
+# (A module a student edits, such as a notebook's my_workers.py, is left out: each worker imports it
+# afresh, as under spawn. course_lib itself is imported once per kernel, in the kernel as in the server.)
+_PRELOAD = ["torch", "torch.distributed", "course_lib.launch", "course_lib.collectives", "course_lib.data_parallel",
+            "course_lib.support.demos", "course_lib.support.digits", "course_lib.support.hook_runs",
+            "course_lib.support.sharding_runs", "course_lib.support.local_sgd_runs", "course_lib.support.exercises"]
 
 # How long a terminated worker gets to exit before it is killed.
 _GRACE_S = 3.0
@@ -163,12 +183,53 @@ def report_progress(n: int = 1) -> None:
         _progress_queue.put(("progress", 0, time.time(), n))
 
 
-def _worker(rank, fn, world_size, port, backend, timeout_s, args, results):
+def _watch_caller(pid: int) -> None:
+    """SIGINT this worker when process ``pid`` (the caller of spawn) ends, as PR_SET_PDEATHSIG does for a
+    worker whose parent is the caller.
+
+    A forked worker's parent is the fork server, and the fork server outlives a caller that is killed
+    (each worker it forked holds the caller's end of the pipe whose closing would tell it to exit), so
+    the signal the kernel sends at a parent's death would never come. The worker watches the caller
+    itself: a thread waits on a pidfd, which becomes readable when the caller has ended (Linux 5.3+).
+    """
+    def interrupt():
+        os.kill(os.getpid(), signal.SIGINT)
+
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:  # already gone
+        interrupt()
+        return
+    except (AttributeError, OSError):  # no pidfd here: look every half second
+        def poll():
+            while True:
+                time.sleep(0.5)
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    return interrupt()
+        threading.Thread(target=poll, daemon=True, name="course_lib-watch-caller").start()
+        return
+
+    def wait():
+        select.select([fd], [], [])
+        interrupt()
+
+    threading.Thread(target=wait, daemon=True, name="course_lib-watch-caller").start()
+
+
+def _worker(rank, fn, world_size, port, backend, timeout_s, args, results, environ, caller):
     # start_processes calls this as _worker(i, *args) in process i: the process index is the rank.
+    # The environment is the caller's at the call: a forked worker would otherwise have the fork
+    # server's, from the first call (a variable set in a notebook since then would be missing).
+    os.environ.clear()
+    os.environ.update(environ)
     # The kernel sends it SIGINT when the parent dies (start_processes asks for that). A parent that
     # ignores SIGINT (a background job of a shell script does) passes the ignoring on, and the worker
     # would outlive it: each worker takes Python's own handler back.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    if os.getppid() != caller:  # forked by the fork server, not started by the caller
+        _watch_caller(caller)
     global _progress_queue
     _progress_queue = results
     os.environ.update(
@@ -213,6 +274,22 @@ def _worker(rank, fn, world_size, port, backend, timeout_s, args, results):
             dist.destroy_process_group()
 
 
+def _context(start_method: str | None):
+    """The multiprocessing context for ``start_method`` (None: :data:`START_METHOD`), its fork server told
+    what to import first."""
+    start_method = START_METHOD if start_method is None else start_method
+    if start_method not in START_METHODS:
+        raise ValueError(f"unknown start_method {start_method!r}: use one of {START_METHODS} (or None, "
+                         f"for {START_METHOD!r} on this system)")
+    if start_method not in multiprocessing.get_all_start_methods():
+        raise ValueError(f"start_method {start_method!r} is not available on {sys.platform}: use 'spawn'")
+    context = multiprocessing.get_context(start_method)
+    if start_method == "forkserver":
+        # Read when the server starts (at the first forkserver call in this process); no effect after.
+        context.set_forkserver_preload(_PRELOAD)
+    return context
+
+
 def _stop(procs) -> None:
     """Terminate the workers, give them ``_GRACE_S`` seconds to exit, then kill those still running."""
     # A process that never started has no pid, nothing to stop, and joining it raises.
@@ -237,7 +314,8 @@ def _stop(procs) -> None:
 _start_lock = threading.Lock()
 
 
-def _start_workers(procs: list, error_files: list, world_size: int, worker_args: tuple) -> None:
+def _start_workers(procs: list, error_files: list, world_size: int, worker_args: tuple,
+                   start_method: str = "spawn") -> None:
     """Start ``_worker(rank, *worker_args)`` for each rank; append the processes to ``procs``.
 
     start_processes starts the processes one after another. When starting one fails (Ctrl-C, an
@@ -253,7 +331,7 @@ def _start_workers(procs: list, error_files: list, world_size: int, worker_args:
         before = set(multiprocessing.active_children())
         try:
             context = start_processes(
-                _worker, args=worker_args, nprocs=world_size, join=False, daemon=True, start_method="spawn"
+                _worker, args=worker_args, nprocs=world_size, join=False, daemon=True, start_method=start_method
             )
             procs.extend(context.processes)
             error_files.extend(context.error_files)
@@ -326,16 +404,21 @@ def _raise_first_failure(procs, results, values, errors, window_s: float = 1.0, 
 
 def spawn(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 120.0,
           progress: int | None = None, desc: str | None = None,
-          max_world_size: int | None = _DEFAULT_MAX_WORLD_SIZE) -> list:
+          max_world_size: int | None = _DEFAULT_MAX_WORLD_SIZE, start_method: str | None = None) -> list:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` new processes; return their results.
 
     Each process has the default process group initialized (``dist.get_rank()`` works inside
     ``fn``) and destroyed when ``fn`` returns. Results come back in rank order.
 
-    ``fn`` must be a top-level function of an importable module: the *spawn* start method (the
-    only one that is safe with CUDA and threads, and the default on macOS and Windows) sends the
-    function to the new interpreter by module and name, so a function defined in a notebook cell
+    ``fn`` must be a top-level function of an importable module: both start methods send the
+    function to the new process by module and name, so a function defined in a notebook cell
     or a lambda cannot be sent. Those get a ``ValueError`` saying where to put it.
+
+    ``start_method``: ``"forkserver"`` (the default on Linux, :data:`START_METHOD`) forks each worker
+    from a server process that imported torch and course_lib once, at the first call; ``"spawn"``
+    (the default elsewhere) starts a new interpreter per worker, which imports them itself. Neither
+    shares the parent's Python state, CUDA included, and the worker's environment is the parent's
+    at the call either way.
 
     CPU workers get ``os.cpu_count() // world_size`` compute threads each (at least 1;
     ``torchrun``, by contrast, sets ``OMP_NUM_THREADS=1``), unless ``OMP_NUM_THREADS`` is set.
@@ -366,6 +449,7 @@ def spawn(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 
         raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
     _check_picklable_by_reference(fn)
     backend = _validate_backend(backend, world_size)
+    context = _context(start_method)
 
     # The store lives in this process, on a port the OS chose: no fixed port, no race between
     # picking a free port and binding it, and each spawn call gets its own.
@@ -373,8 +457,8 @@ def spawn(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 
         "127.0.0.1", 0, world_size, True,
         timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
     )
-    # A queue of the spawn context: its locks have names that the new processes can open.
-    results = multiprocessing.get_context("spawn").Queue()
+    # A queue of the workers' own context: its locks have names that the new processes can open.
+    results = context.Queue()
     procs: list = []  # filled by _start_workers as the workers start, stopped in `finally`
     error_files: list = []
     values: dict[int, object] = {}
@@ -383,7 +467,9 @@ def spawn(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 
         bar = progress_bar(total=progress, desc=desc or getattr(fn, "__name__", "workers"))
     deadline = time.monotonic() + timeout_s  # starting the workers counts: importing torch takes seconds each
     try:
-        _start_workers(procs, error_files, world_size, (fn, world_size, store.port, backend, timeout_s, args, results))
+        _start_workers(procs, error_files, world_size,
+                       (fn, world_size, store.port, backend, timeout_s, args, results, dict(os.environ), os.getpid()),
+                       context.get_start_method())
         # Wait on our own queue rather than in ProcessContext.join: join watches only exit codes
         # (our workers report failures on the queue and exit with 0), and a worker whose result is
         # still in the queue's pipe cannot exit until someone reads it.

@@ -1,15 +1,25 @@
-"""Every notebook, run top to bottom in JupyterLab in a real browser, as a student would.
+"""The notebooks in JupyterLab, in a real browser, as a student opens them; the widgets driven.
 
 Starts JupyterLab headless on a free localhost port (empty token) over a *copy* of notebooks/ and
-img/ (running them must not rewrite the committed notebooks), drives Debian's chromium with
-Playwright, runs all cells of each notebook and checks that no cell ends in an error. In notebook
-05 it moves the rank slider with the keyboard and checks that the numbers shown change (and likewise
-notebook 04's ZeRO memory calculator, notebook 09's period explorer and notebook 10's bandwidth explorer).
+img/ (running them must not rewrite the committed notebooks) and drives Debian's chromium with
+Playwright. nbval has already run every cell of every notebook in a Jupyter kernel; what only a browser
+shows is that JupyterLab renders the notebooks and that the widgets answer. So, for every notebook:
+
+* it opens, its kernel starts, and its stored outputs render: every picture (plots, the img/ diagrams)
+  decodes and no stored output is an error;
+* its set-up cell runs without error, in that kernel;
+* a notebook with a widget also runs the widget's cell and the cells that cell needs (found from the
+  names it reads: see ``cells_needed``), and the widget is moved with the keyboard or the mouse until
+  what it shows changes: notebook 04's ZeRO memory calculator, 05's rank slider, 09's period explorer
+  and 10's bandwidth explorer;
+* one notebook, ``FULL_RUN``, is run top to bottom, as a student first does.
+
 Screenshots go to screenshots/ (git-ignored) for a reviewer to look at.
 
 Skipped, with the reason shown by ``pytest -rs``, when chromium or Playwright is missing.
 """
 
+import ast
 import json
 import os
 import re
@@ -165,14 +175,114 @@ ERRORS = """() => {
 }"""
 
 
-def _open_and_run(page, lab, name, timeout_s=240):
+# The notebook run top to bottom in the browser: the student's first, which starts workers, shows a
+# progress bar, catches a failing worker and draws a figure.
+FULL_RUN = "00_setup.ipynb"
+
+# Notebooks with a widget: the call that makes it, and what moves it
+WIDGETS = {
+    "04_": ("memory_calculator(", lambda page: _move_memory_calculator(page)),
+    "05_": ("rank_explorer(", lambda page: _move_rank_slider(page)),
+    "09_": ("period_explorer(", lambda page: _move_period_slider(page)),
+    "10_": ("bandwidth_explorer(", lambda page: _move_bandwidth_slider(page)),
+}
+
+
+def _names(source: str) -> tuple[set, set]:
+    """The names a cell binds (assignments, imports, definitions; ``x[k] = ...`` binds x) and the names it reads."""
+    code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
+    bound, read = set(), set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                while isinstance(target, (ast.Subscript, ast.Attribute)):
+                    target = target.value
+                if isinstance(target, ast.Name):
+                    bound.add(target.id)
+    return bound, read
+
+
+def cells_needed(sources: list[str], target: int) -> list[int]:
+    """The code cells to run, in order, for cell ``target`` to run: the first (the set-up), the target, and
+    every cell before it that binds a name the target, or a cell it needs, reads and has not bound itself.
+    (A name a cell changes in place without binding it would be missed; the cell's run then ends in an
+    error, which the test reports.)"""
+    bound, read = _names(sources[target])
+    need, chosen = read - bound, [target]
+    for i in range(target - 1, -1, -1):
+        bound, read = _names(sources[i])
+        if i == 0 or bound & need:
+            chosen.append(i)
+            need = (need - bound) | (read - bound)
+    return sorted(chosen)
+
+
+def test_cells_needed_follows_the_names_back():
+    sources = ["import torch", "a = 1", "b = 2", "c = a + 1\nfor r in range(c): pass", "d = {}\nd['k'] = 3",
+               "print(c, d, r)"]
+    assert cells_needed(sources, 5) == [0, 1, 3, 4, 5]  # b is not read; r is bound by cell 3, which is needed anyway
+    assert cells_needed(sources, 2) == [0, 2]
+
+
+def _code_cells(name: str) -> tuple[list[int], list[str]]:
+    """The index (among all cells, as JupyterLab numbers them) and the source of every code cell of a notebook."""
+    cells = json.loads((ROOT / "notebooks" / name).read_text())["cells"]
+    code = [(i, "".join(c["source"])) for i, c in enumerate(cells) if c["cell_type"] == "code"]
+    return [i for i, _ in code], [src for _, src in code]
+
+
+# Run these cells (indices among all cells), one after another, as a student selecting each and pressing
+# Shift-Enter would; returns at once (the run goes on in the page).
+RUN_CELLS = """(indices) => {
+    const app = window.jupyterapp, w = app.shell.currentWidget;
+    (async () => {
+        for (const i of indices) {
+            w.content.activeCellIndex = i;
+            await app.commands.execute('notebook:run-cell');
+        }
+    })();
+}"""
+
+# Those cells have all run (or one ended in an error), and the kernel is idle
+CELLS_RUN = """(indices) => {
+    const w = window.jupyterapp.shell.currentWidget;
+    const cells = indices.map(i => w.content.model.cells.get(i));
+    if (w.sessionContext.session.kernel.status !== 'idle') return false;
+    const failed = cells.some(c => c.outputs.toJSON().some(o => o.output_type === 'error'));
+    return failed || cells.every(c => c.executionCount !== null);
+}"""
+
+
+def _open(page, lab, name):
     # A workspace of its own: JupyterLab would otherwise reopen the earlier notebooks' tabs, and
-    # run-all could reach one of them before this notebook is in front.
+    # a command could reach one of them before this notebook is in front.
     page.goto(f"{lab}/lab/workspaces/{Path(name).stem}/tree/notebooks/{name}?reset", wait_until="domcontentloaded")
     page.wait_for_function(NOTEBOOK_READY, arg=name, timeout=120_000)
-    page.screenshot(path=str(SHOTS / f"{name}.before.png"))
+
+
+def _clear(page):
+    # every count, error and picture seen after this is this run's
     page.evaluate("window.jupyterapp.commands.execute('notebook:clear-all-cell-outputs')")
     page.wait_for_function(CLEARED, timeout=30_000)
+
+
+def _run_cells(page, name, indices, timeout_s=240):
+    page.evaluate(RUN_CELLS, indices)
+    try:
+        page.wait_for_function(CELLS_RUN, arg=indices, timeout=timeout_s * 1000, polling=500)
+    except PlaywrightTimeout:
+        page.screenshot(path=str(SHOTS / f"{name}.timeout.png"), full_page=True)
+        pytest.fail(f"{name}: cells {indices} did not finish in {timeout_s} s; not yet run or still running: "
+                    f"{page.evaluate(PENDING)}")
+
+
+def _run_all(page, name, timeout_s=240):
     page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
     try:
         page.wait_for_function(ALL_RUN, timeout=timeout_s * 1000, polling=1000)
@@ -182,26 +292,46 @@ def _open_and_run(page, lab, name, timeout_s=240):
                     f"{page.evaluate(PENDING)}")
 
 
+def _check_pictures(page, name):
+    # every notebook draws figures, and shows the img/ diagrams it names: all must be decoded images
+    shown = page.evaluate(PICTURES)
+    diagrams = (ROOT / "notebooks" / name).read_text().count("../img/")
+    assert len(shown) > diagrams and all(shown), f"{name}: {len(shown)} pictures, decoded: {shown}"
+
+
+def _check_no_errors(page, name, when):
+    errors = page.evaluate(ERRORS)
+    assert errors == [], f"{name}: {when}, cells ended in errors: {errors}\n\nJupyterLab's log ends:\n{_lab_log_tail()}"
+
+
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebook_runs_in_jupyterlab_without_errors(lab, browser, name):
+def test_notebook_opens_renders_and_runs_in_jupyterlab(lab, browser, name):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     try:
-        _open_and_run(page, lab, name)
-        errors = page.evaluate(ERRORS)
+        _open(page, lab, name)
+        # the stored outputs, as a student opening the notebook sees them
+        _check_no_errors(page, name, "as stored")
+        _check_pictures(page, name)
+        page.screenshot(path=str(SHOTS / f"{name}.before.png"))
+        _clear(page)
+        positions, sources = _code_cells(name)
+        widget = next((w for prefix, w in WIDGETS.items() if name.startswith(prefix)), None)
+        if name == FULL_RUN:
+            _run_all(page, name)
+            ran = range(len(positions))
+        else:
+            ran = [0]
+            if widget is not None:
+                call = widget[0]
+                target = next(i for i, src in enumerate(sources) if call in src and "import" not in src.split(call)[0])
+                ran = cells_needed(sources, target)
+            _run_cells(page, name, [positions[i] for i in ran])
         page.screenshot(path=str(SHOTS / f"{name}.after.png"), full_page=True)
-        assert errors == [], f"{name}: cells ended in errors: {errors}\n\nJupyterLab's log ends:\n{_lab_log_tail()}"
-        # every notebook draws figures, and shows the img/ diagrams it names: all must be decoded images
-        shown = page.evaluate(PICTURES)
-        diagrams = (ROOT / "notebooks" / name).read_text().count("../img/")
-        assert len(shown) > diagrams and all(shown), f"{name}: {len(shown)} pictures, decoded: {shown}"
-        if name.startswith("04_"):
-            _move_memory_calculator(page)
-        if name.startswith("05_"):
-            _move_rank_slider(page)
-        if name.startswith("09_"):
-            _move_period_slider(page)
-        if name.startswith("10_"):
-            _move_bandwidth_slider(page)
+        _check_no_errors(page, name, f"after running code cells {list(ran)}")
+        if name == FULL_RUN:
+            _check_pictures(page, name)  # this run's figures
+        if widget is not None:
+            widget[1](page)
     finally:
         # as a student closing the notebook: its kernel and any workers go away
         page.evaluate(SHUTDOWN)

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 import types
+from multiprocessing import forkserver
 from pathlib import Path
 
 import pytest
@@ -21,16 +22,21 @@ from tests import workers
 
 REPO = Path(__file__).resolve().parent.parent
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG")
+# The failure paths, under every start method spawn offers on this system (forkserver is the default on Linux)
+both_start_methods = pytest.mark.parametrize(
+    "start_method", [m for m in launch.START_METHODS if m in mp.get_all_start_methods()])
 
 
 def _spawned_children():
-    """Pids of the running processes that this one started with the spawn start method (Linux)."""
+    """Pids of the running workers that this process started (Linux): with the spawn start method, or
+    through its fork server."""
     # Independent of multiprocessing's own bookkeeping, which only knows the processes it was
-    # handed back: the workers' command line is `python -c "from multiprocessing.spawn import
-    # spawn_main; ..."` (the resource tracker's is not).
+    # handed back: a spawned worker's command line is `python -c "from multiprocessing.spawn import
+    # spawn_main; ..."` (the resource tracker's is not); a forked one is a child of the fork server.
     found = set()
     if not os.path.isdir("/proc"):
         return found
+    server = forkserver._forkserver._forkserver_pid
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -41,7 +47,7 @@ def _spawned_children():
                 cmdline = f.read()
         except OSError:
             continue
-        if int(ppid) == os.getpid() and state != "Z" and b"spawn_main" in cmdline:
+        if state != "Z" and ((int(ppid) == os.getpid() and b"spawn_main" in cmdline) or int(ppid) == server):
             found.add(int(entry))
     return found
 
@@ -107,15 +113,44 @@ def test_returns_in_rank_order(world_size):
     assert _no_children_left()
 
 
+def test_both_start_methods_give_the_same_results():
+    # A few steps of DDP training, the thread count and the generator's state: bit for bit the same
+    # whether the worker is a new interpreter or a fork of the server
+    spawned, forked = (launch.spawn(workers.train_a_little, 2, backend="gloo", start_method=m)
+                       for m in ("spawn", "forkserver"))
+    for a, b in zip(spawned, forked):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert torch.equal(a[key], b[key]) if isinstance(a[key], torch.Tensor) else a[key] == b[key], key
+    assert not torch.equal(spawned[0]["params"], workers.train_a_little_start())  # it trained
+    assert _no_children_left()
+
+
+@both_start_methods
+def test_workers_get_the_environment_as_it_is_at_the_call(monkeypatch, start_method):
+    launch.spawn(workers.report, 2, "start the fork server", backend="gloo", start_method=start_method)
+    monkeypatch.setenv("COURSE_LIB_TEST_VARIABLE", "set after the first call")
+    monkeypatch.delenv("COURSE_LIB_TEST_GONE", raising=False)
+    out = launch.spawn(workers.environment, 2, ["COURSE_LIB_TEST_VARIABLE", "COURSE_LIB_TEST_GONE"], backend="gloo",
+                       start_method=start_method)
+    assert out == [{"COURSE_LIB_TEST_VARIABLE": "set after the first call", "COURSE_LIB_TEST_GONE": None}] * 2
+
+
+def test_an_unknown_start_method_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match=r"unknown start_method 'fork'.*'spawn', 'forkserver'"):
+        launch.spawn(workers.report, 2, "x", backend="gloo", start_method="fork")
+
+
 def test_tensor_results_survive_worker_exit():
     out = launch.spawn(workers.big_tensor, 2, backend="gloo")
     assert torch.equal(out[1], torch.ones(1000, 1000))
 
 
-def test_raising_rank_is_named_while_peer_waits_in_barrier():
+@both_start_methods
+def test_raising_rank_is_named_while_peer_waits_in_barrier(start_method):
     # WorkerError, not the TimeoutError that a hang would end in after timeout_s
     with pytest.raises(launch.WorkerError) as info:
-        launch.spawn(workers.raise_on_rank_one, 2, backend="gloo", timeout_s=60)
+        launch.spawn(workers.raise_on_rank_one, 2, backend="gloo", timeout_s=60, start_method=start_method)
     err = info.value
     assert "rank 1" in str(err)
     assert "ZeroDivisionError" in str(err) and "rank one divides by zero" in str(err)
@@ -124,9 +159,10 @@ def test_raising_rank_is_named_while_peer_waits_in_barrier():
     assert _no_children_left()
 
 
-def test_worker_that_dies_without_raising_is_named():
+@both_start_methods
+def test_worker_that_dies_without_raising_is_named(start_method):
     with pytest.raises(launch.WorkerError, match="rank 2.*exited with code 3"):
-        launch.spawn(workers.exit_hard_on_last_rank, 3, backend="gloo", timeout_s=60)
+        launch.spawn(workers.exit_hard_on_last_rank, 3, backend="gloo", timeout_s=60, start_method=start_method)
     assert _no_children_left()
 
 
@@ -253,12 +289,15 @@ def test_workers_are_started_by_torch_start_processes():
 
 
 @linux_only
-def test_workers_exit_when_the_parent_process_is_killed(tmp_path):
+@both_start_methods
+def test_workers_exit_when_the_parent_process_is_killed(tmp_path, start_method):
     # No finally of spawn's runs when its process is SIGKILLed (by the user, or the out-of-memory
-    # killer): it is the SIGINT that start_processes has Linux send at the parent's death.
+    # killer): it is the SIGINT that start_processes has Linux send at the parent's death (spawn), or
+    # that the worker sends itself when it sees the caller end (forkserver: its parent is the server).
     code = (
         "from course_lib import launch; from tests import workers; "
-        f"launch.spawn(workers.pid_then_sleep, 2, {str(tmp_path)!r}, 600, backend='gloo', timeout_s=600)"
+        f"launch.spawn(workers.pid_then_sleep, 2, {str(tmp_path)!r}, 600, backend='gloo', timeout_s=600, "
+        f"start_method={start_method!r})"
     )
     parent = subprocess.Popen([sys.executable, "-c", code], cwd=REPO)
     try:
@@ -277,9 +316,11 @@ def test_workers_exit_when_the_parent_process_is_killed(tmp_path):
 
 
 @linux_only
-def test_no_orphans_after_a_worker_fails(tmp_path):
+@both_start_methods
+def test_no_orphans_after_a_worker_fails(tmp_path, start_method):
     with pytest.raises(launch.WorkerError, match="rank 1.*rank one fails"):
-        launch.spawn(workers.pid_then_fail_on_rank_one, 3, str(tmp_path), backend="gloo", timeout_s=60)
+        launch.spawn(workers.pid_then_fail_on_rank_one, 3, str(tmp_path), backend="gloo", timeout_s=60,
+                     start_method=start_method)
     pids = _read_pids(tmp_path)
     assert len(pids) == 3
     assert not any(_running(pid) for pid in pids)
@@ -287,19 +328,21 @@ def test_no_orphans_after_a_worker_fails(tmp_path):
 
 
 @linux_only
-def test_no_orphans_after_ctrl_c_in_the_parent(tmp_path):
+@both_start_methods
+def test_no_orphans_after_ctrl_c_in_the_parent(tmp_path, start_method):
     # Ctrl-C reaches Python as KeyboardInterrupt only where SIGINT is not ignored: pytest run as a
     # background job of a script starts with it ignored. Take Python's own handler for this test.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        _ctrl_c_in_the_parent(tmp_path)
+        _ctrl_c_in_the_parent(tmp_path, start_method)
     finally:
         signal.signal(signal.SIGINT, previous)
 
 
-def _ctrl_c_in_the_parent(tmp_path):
+def _ctrl_c_in_the_parent(tmp_path, start_method):
     with pytest.raises(KeyboardInterrupt):
-        launch.spawn(workers.pid_then_interrupt_parent, 2, str(tmp_path), backend="gloo", timeout_s=60)
+        launch.spawn(workers.pid_then_interrupt_parent, 2, str(tmp_path), os.getpid(), backend="gloo", timeout_s=60,
+                     start_method=start_method)
     pids = _read_pids(tmp_path)
     assert len(pids) == 2
     assert not any(_running(pid) for pid in pids)

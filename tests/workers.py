@@ -81,11 +81,13 @@ def pid_then_fail_on_rank_one(rank, world_size, pid_dir):
     time.sleep(600)  # the others would stay here long after the test, if nobody stopped them
 
 
-def pid_then_interrupt_parent(rank, world_size, pid_dir):
+def pid_then_interrupt_parent(rank, world_size, pid_dir, parent_pid):
     _write_pid(pid_dir, rank)
     dist.barrier()  # every pid is on disk before the parent is interrupted
     if rank == 0:
-        os.kill(os.getppid(), signal.SIGINT)  # as Ctrl-C (or a notebook's interrupt) in the parent
+        # as Ctrl-C (or a notebook's interrupt) in the process that called spawn (a forked worker's
+        # own parent is the fork server)
+        os.kill(parent_pid, signal.SIGINT)
     time.sleep(600)
 
 
@@ -107,3 +109,28 @@ def raise_unprintable_on_rank_one(rank, world_size):
 
 def sigint_handler(rank, world_size):
     return signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def train_a_little_start():
+    torch.manual_seed(0)
+    return torch.nn.utils.parameters_to_vector(torch.nn.Linear(8, 4).parameters()).detach()
+
+
+def train_a_little(rank, world_size):
+    """Three steps of DDP on rank-dependent data; what a start method could change, returned."""
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.Generator().manual_seed(rank)
+    for _ in range(3):
+        x, y = torch.randn(16, 8, generator=data), torch.randn(16, 4, generator=data)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return {"params": torch.nn.utils.parameters_to_vector(model.parameters()).detach(),
+            "threads": torch.get_num_threads(), "next_random": torch.rand(3),
+            "default_dtype": str(torch.get_default_dtype())}
+
+
+def environment(rank, world_size, names):
+    return {name: os.environ.get(name) for name in names}
