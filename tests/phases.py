@@ -1,0 +1,77 @@
+"""Run ``make test``'s phases, some side by side, and print how long each took.
+
+    python3 tests/phases.py install lint "unit nbval nbval-other-cpu" browser
+
+Each argument is a step; the make targets named in one step run at the same time (on 2 cores the
+unit tests and the two nbval runs spend much of their time waiting on each other's processes, so
+together they finish sooner than one after another). A target's output goes to
+``build/logs/TARGET.log`` and is printed whole when it ends, so that outputs never interleave. Every
+step runs even when one before it failed (except after a failed install: nothing can run then); the
+table at the end says which failed, and the exit status is 1 if any did.
+
+Standard library only: it runs before the virtual environment exists (the install phase builds it).
+"""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LOGS = ROOT / "build" / "logs"
+
+
+def run_step(targets: list[str]) -> list[tuple[str, float, int]]:
+    """Start ``make TARGET`` for every target at once; wait for all; print each log as it ends."""
+    LOGS.mkdir(parents=True, exist_ok=True)
+    running = {}
+    for target in targets:
+        log = open(LOGS / f"{target}.log", "w")
+        proc = subprocess.Popen(["make", "--no-print-directory", target], cwd=ROOT, stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        running[target] = (proc, log, time.monotonic())
+    if len(targets) > 1:
+        print(f"== {', '.join(targets)}: side by side; each log is printed when it ends", flush=True)
+    done = []
+    while running:
+        for target, (proc, log, start) in list(running.items()):
+            if proc.poll() is None:
+                continue
+            seconds = time.monotonic() - start
+            log.close()
+            del running[target]
+            print(f"== {target} ({'passed' if proc.returncode == 0 else 'FAILED'}, {seconds:.0f} s)", flush=True)
+            sys.stdout.write((LOGS / f"{target}.log").read_text(errors="replace"))
+            sys.stdout.flush()
+            done.append((target, seconds, proc.returncode))
+        time.sleep(0.5)
+    return done
+
+
+def main(steps: list[str]) -> int:
+    start = time.monotonic()
+    rows = []  # (step, target, seconds, status)
+    for step in steps:
+        step_start = time.monotonic()
+        finished = run_step(step.split())
+        step_s = time.monotonic() - step_start
+        rows += [(step, target, seconds, code) for target, seconds, code in sorted(finished)]
+        if len(finished) > 1:
+            rows.append((step, "(together)", step_s, max(code for _, _, code in finished)))
+        if step == "install" and finished[0][2] != 0:
+            break
+    total = time.monotonic() - start
+    print("\nwhere make test's time went (wall-clock seconds; targets of one step ran side by side):")
+    for _, target, seconds, code in rows:
+        print(f"  {target:17} {seconds:6.0f} s  {'passed' if code == 0 else 'FAILED'}")
+    failed = [target for _, target, _, code in rows if code != 0 and target != "(together)"]
+    print(f"  {'total':17} {total:6.0f} s  {'FAILED: ' + ' '.join(failed) if failed else 'passed'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    os.chdir(ROOT)
+    sys.exit(main(sys.argv[1:]))
