@@ -151,12 +151,14 @@ def mean_error_recorded(rank, world_size):
     T.make_hook = catching
     try:
         cfg = TrainConfig(hook="powersgd", steps=10, start_powerSGD_iter=3, matrix_approximation_rank=1, hidden=32,
-                          lr=0.1, seed=1)
+                          lr=0.1, seed=1, record_error_memory=True)
         out = ddp_train(rank, world_size, cfg)
     finally:
         T.make_hook = make_hook
     errors = caught["state"].error_dict
-    return {"result": out, "errors": {k: errors[k].clone() for k in errors}}
+    # the same run, not asked to record the memory
+    unrecorded = ddp_train(rank, world_size, replace(cfg, record_error_memory=False))
+    return {"result": out, "errors": {k: errors[k].clone() for k in errors}, "unrecorded": unrecorded}
 
 
 def error_identity(rank, world_size, steps=6):

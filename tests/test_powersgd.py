@@ -371,6 +371,11 @@ def test_mean_error_norm_is_the_norm_of_the_ranks_average_buffer():
     assert out[0]["result"].mean_error_norm == out[1]["result"].mean_error_norm
     r0 = out[0]["result"]
     assert abs(r0.error_norm[-1] - r0.mean_error_norm[-1]) > 0.05 * r0.error_norm[-1]
+    # recorded only when asked (record_error_memory), and recording changes nothing else
+    for o in out:
+        assert o["unrecorded"].error_norm == o["unrecorded"].mean_error_norm == []
+        assert o["unrecorded"].error_minus_mean_norm == []
+        assert o["unrecorded"].loss == o["result"].loss and o["unrecorded"].bytes == o["result"].bytes
 
 
 def test_each_ranks_error_minus_the_mean_is_the_running_sum_of_its_gradient_minus_the_mean():

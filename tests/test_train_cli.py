@@ -135,4 +135,4 @@ def test_help_lists_the_flags_in_trainconfigs_groups():
     assert sections["PowerSGD's arguments (torch's names)"][:2] == ["--matrix-approximation-rank",
                                                                     "--start-powerSGD-iter"]
     assert "--ratio" in sections["the compressors' arguments"]
-    assert sections["what is recorded"] == ["--eval-every", "--record-params"]
+    assert sections["what is recorded"] == ["--eval-every", "--record-params", "--record-error-memory"]
