@@ -16,19 +16,21 @@ $(VENV)/.course: $(BIN)/python pyproject.toml constraints.txt
 	$(PIP) -e .
 	touch $@
 
-$(VENV)/.test: $(VENV)/.course
+# One pip run for both (a second one would resolve the course's dependencies again)
+$(VENV)/.test: $(BIN)/python pyproject.toml constraints.txt
 	$(PIP) -e '.[test]'
-	touch $@
+	touch $(VENV)/.course $@
 
 ## Start JupyterLab on notebooks/ (prints the URL; opens no browser)
 lab: $(VENV)/.course
 	cd notebooks && ../$(BIN)/jupyter lab --no-browser $(ROOT_FLAG)
 
 ## Lint, unit tests, every notebook under nbval (on this CPU and on an emulated other one), and in a browser;
-## prints each phase's time. The unit tests and the two nbval runs go side by side: on 2 cores they spend
-## much of their time waiting on their own processes, and finish sooner together than one after another.
+## prints each phase's time. The unit tests, the two nbval runs and the browser go side by side: on 2 cores
+## each spends much of its time waiting on its own processes, and together they finish sooner than one
+## after another.
 test:
-	@$(PYTHON) tests/phases.py install lint "unit nbval nbval-other-cpu" browser
+	@$(PYTHON) tests/phases.py install lint "unit nbval nbval-other-cpu browser"
 
 install: $(VENV)/.test
 
