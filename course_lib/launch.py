@@ -13,11 +13,15 @@ operating system picks, so two spawns never collide) and starts the workers with
 ``torch.multiprocessing.start_processes``, the machinery that ``mp.spawn`` runs: ``_worker(rank, ...)``
 in process ``rank``, and (on Linux) a SIGINT to every worker if the process that started it dies.
 The start method (see :data:`START_METHOD`) is *forkserver* on Linux: a server process, started at
-the first call, imports torch and course_lib once, and forks each worker from that clean state, so a
-worker starts in milliseconds instead of the seconds a new interpreter takes to import torch. Elsewhere
-it is *spawn* (a new interpreter per worker), which is also what ``start_method="spawn"`` asks for.
-Either way the function and its arguments are sent to the worker by pickling, and the worker gets this
-process's environment as it is at the call. On top of it, spawn adds what start_processes lacks:
+the first call, imports torch and course_lib once, and forks each worker from it (a process that has run
+nothing but those imports: none of the caller's Python state), so a worker starts in milliseconds
+instead of the seconds a new interpreter takes to import torch. Elsewhere it is *spawn* (a new
+interpreter per worker), which is also what ``start_method="spawn"`` asks for. Either way the function
+and its arguments are sent to the worker by pickling, and the worker's ``os.environ`` is this process's
+at the call. (What torch reads from the environment once, when it is imported, the fork server read at
+the first call: torch.distributed's debug level, ``TORCH_DISTRIBUTED_DEBUG``, is read again in each
+worker; for any other such variable, set it before the first call or use the spawn start method.)
+On top of it, spawn adds what start_processes lacks:
 
 * the process group: each worker joins it through the parent's store before ``fn`` runs;
 * results: every worker sends ``fn``'s return value (or its exception: type, message, traceback and
@@ -28,7 +32,9 @@ process's environment as it is at the call. On top of it, spawn adds what start_
 * a timeout, after which the workers are killed and the ranks still running are named;
 * no orphans: whatever ends the call (a failure, the timeout, Ctrl-C, or an error while the
   workers are being started, when start_processes raises without handing back the ones it had
-  already started) every started worker is terminated, then killed;
+  already started) every started worker is terminated, then killed; a worker whose caller is
+  killed outright gets a SIGINT (start_processes has Linux send it when a spawned worker's parent
+  dies; a forked worker's parent is the fork server, so it watches the caller itself);
 * a progress bar, and a clear error for a function that cannot be sent to a new process.
 
 For multi-node runs, start the same worker code with ``torchrun`` and call :func:`init_from_env`.
@@ -200,7 +206,8 @@ def _watch_caller(pid: int) -> None:
     except ProcessLookupError:  # already gone
         interrupt()
         return
-    except (AttributeError, OSError):  # no pidfd here: look every half second
+    except (AttributeError, OSError):  # no pidfd here: look every half second (a caller that has died
+        # but not yet been reaped by its own parent still answers, so this can come late)
         def poll():
             while True:
                 time.sleep(0.5)
@@ -221,10 +228,13 @@ def _watch_caller(pid: int) -> None:
 def _worker(rank, fn, world_size, port, backend, timeout_s, args, results, environ, caller):
     # start_processes calls this as _worker(i, *args) in process i: the process index is the rank.
     # The environment is the caller's at the call: a forked worker would otherwise have the fork
-    # server's, from the first call (a variable set in a notebook since then would be missing).
+    # server's, from the first call (a variable set in a notebook since then would be missing), and
+    # torch.distributed's debug level, which it read from it when the server imported it.
     os.environ.clear()
     os.environ.update(environ)
-    # The kernel sends it SIGINT when the parent dies (start_processes asks for that). A parent that
+    dist.set_debug_level_from_env()
+    # A worker gets SIGINT when its caller dies: from the kernel when its parent is the caller
+    # (start_processes asks for that), from _watch_caller when it is the fork server. A parent that
     # ignores SIGINT (a background job of a shell script does) passes the ignoring on, and the worker
     # would outlive it: each worker takes Python's own handler back.
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -274,6 +284,10 @@ def _worker(rank, fn, world_size, port, backend, timeout_s, args, results, envir
             dist.destroy_process_group()
 
 
+def _noop() -> None:
+    pass
+
+
 def _context(start_method: str | None):
     """The multiprocessing context for ``start_method`` (None: :data:`START_METHOD`), its fork server told
     what to import first."""
@@ -287,6 +301,13 @@ def _context(start_method: str | None):
     if start_method == "forkserver":
         # Read when the server starts (at the first forkserver call in this process); no effect after.
         context.set_forkserver_preload(_PRELOAD)
+        # Have the server ready before any worker is asked of it. A worker is handed to the server
+        # before its pid comes back, and at the first call that takes the whole import of torch: a
+        # Ctrl-C in that wait would leave a worker that the server forks later and nobody stops. A
+        # process that does nothing takes that wait instead (milliseconds once the server is up).
+        warm = context.Process(target=_noop, daemon=True)
+        warm.start()
+        warm.join()
     return context
 
 
@@ -417,8 +438,8 @@ def spawn(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 
     ``start_method``: ``"forkserver"`` (the default on Linux, :data:`START_METHOD`) forks each worker
     from a server process that imported torch and course_lib once, at the first call; ``"spawn"``
     (the default elsewhere) starts a new interpreter per worker, which imports them itself. Neither
-    shares the parent's Python state, CUDA included, and the worker's environment is the parent's
-    at the call either way.
+    shares the parent's Python state, CUDA included, and the worker's ``os.environ`` is the parent's
+    at the call either way (see the module's docstring for what torch reads only at import).
 
     CPU workers get ``os.cpu_count() // world_size`` compute threads each (at least 1;
     ``torchrun``, by contrast, sets ``OMP_NUM_THREADS=1``), unless ``OMP_NUM_THREADS`` is set.

@@ -2,8 +2,9 @@
 
 Starts JupyterLab headless on a free localhost port (empty token) over a *copy* of notebooks/ and
 img/ (running them must not rewrite the committed notebooks) and drives Debian's chromium with
-Playwright. nbval has already run every cell of every notebook in a Jupyter kernel; what only a browser
-shows is that JupyterLab renders the notebooks and that the widgets answer. So, for every notebook:
+Playwright. nbval runs every cell of every notebook in a Jupyter kernel (``make nbval``, on two kernel
+sets); what only a browser shows is that JupyterLab renders the notebooks and that the widgets answer.
+So, for every notebook:
 
 * it opens, its kernel starts, and its stored outputs render: every picture (plots, the img/ diagrams)
   decodes and no stored output is an error;
@@ -153,11 +154,6 @@ PENDING = """() => {
 
 KERNEL_IDLE = "() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'"
 
-SHUTDOWN = """() => {
-    const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
-    return w && w.sessionContext ? w.sessionContext.shutdown() : null;
-}"""
-
 # Every picture in the notebook (plots, the img/ diagrams): whether the browser decoded it
 PICTURES = """() => Array.from(document.querySelectorAll('.jp-Notebook img'))
     .map(i => i.complete && i.naturalWidth > 0)"""
@@ -188,13 +184,20 @@ WIDGETS = {
 }
 
 
-def _names(source: str) -> tuple[set, set]:
-    """The names a cell binds (assignments, imports, definitions; ``x[k] = ...`` binds x) and the names it reads."""
-    code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
-    bound, read = set(), set()
-    for node in ast.walk(ast.parse(code)):
+def _names(source: str) -> tuple[set, set, set]:
+    """The names a cell binds (assignments, imports, definitions, loop targets), changes (``x[k] = ...``,
+    ``x.a = ...``, ``x += ...``: x must exist already) and reads (the changed ones included)."""
+    tree = ast.parse("\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!"))))
+    augmented = {id(node.target) for node in ast.walk(tree) if isinstance(node, ast.AugAssign)}
+    bound, changed, read = set(), set(), set()
+    for node in ast.walk(tree):
         if isinstance(node, ast.Name):
-            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+            if isinstance(node.ctx, ast.Load):
+                read.add(node.id)
+            elif id(node) in augmented:
+                changed.add(node.id)
+            else:
+                bound.add(node.id)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             bound.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -203,21 +206,22 @@ def _names(source: str) -> tuple[set, set]:
             for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
                 while isinstance(target, (ast.Subscript, ast.Attribute)):
                     target = target.value
-                if isinstance(target, ast.Name):
-                    bound.add(target.id)
-    return bound, read
+                    if isinstance(target, ast.Name):
+                        changed.add(target.id)
+    return bound, changed, read | changed
 
 
 def cells_needed(sources: list[str], target: int) -> list[int]:
     """The code cells to run, in order, for cell ``target`` to run: the first (the set-up), the target, and
-    every cell before it that binds a name the target, or a cell it needs, reads and has not bound itself.
-    (A name a cell changes in place without binding it would be missed; the cell's run then ends in an
-    error, which the test reports.)"""
-    bound, read = _names(sources[target])
+    every cell before it that binds or changes a name the target, or a cell it needs, reads and has not
+    bound itself. (A name a cell changes by calling a method, ``x.update(...)``, is seen as read only: a
+    cell that fills a dictionary that way would be missed, and the run would then end in an error, which
+    the test reports.)"""
+    bound, _, read = _names(sources[target])
     need, chosen = read - bound, [target]
     for i in range(target - 1, -1, -1):
-        bound, read = _names(sources[i])
-        if i == 0 or bound & need:
+        bound, changed, read = _names(sources[i])
+        if i == 0 or (bound | changed) & need:
             chosen.append(i)
             need = (need - bound) | (read - bound)
     return sorted(chosen)
@@ -228,6 +232,9 @@ def test_cells_needed_follows_the_names_back():
                "print(c, d, r)"]
     assert cells_needed(sources, 5) == [0, 1, 3, 4, 5]  # b is not read; r is bound by cell 3, which is needed anyway
     assert cells_needed(sources, 2) == [0, 2]
+    # a cell that changes d needs the cell that made it; so does one that adds to n
+    assert cells_needed(["import torch", "d = {}", "d['k'] = 3", "print(d)"], 3) == [0, 1, 2, 3]
+    assert cells_needed(["import torch", "n = 1", "n += 1", "m = 2", "print(n)"], 4) == [0, 1, 2, 4]
 
 
 def _code_cells(name: str) -> tuple[list[int], list[str]]:
@@ -259,11 +266,31 @@ CELLS_RUN = """(indices) => {
 }"""
 
 
-def _open(page, lab, name):
-    # A workspace of its own: JupyterLab would otherwise reopen the earlier notebooks' tabs, and
-    # a command could reach one of them before this notebook is in front.
-    page.goto(f"{lab}/lab/workspaces/{Path(name).stem}/tree/notebooks/{name}?reset", wait_until="domcontentloaded")
+@pytest.fixture(scope="module")
+def page(lab, browser):
+    """One JupyterLab page for every notebook, as a student keeps one open: loading the app once, not once a
+    notebook, saves its start-up each time. Each test opens its notebook in it and closes it at the end."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    # a workspace of its own, reset: nothing an earlier run left open is restored
+    page.goto(f"{lab}/lab/workspaces/course-test?reset", wait_until="domcontentloaded")
+    page.wait_for_function("() => !!(window.jupyterapp && window.jupyterapp.shell)", timeout=120_000)
+    page.evaluate("async () => { await window.jupyterapp.restored; }")
+    yield page
+    page.close()
+
+
+def _open(page, name):
+    page.evaluate("(path) => { window.jupyterapp.commands.execute('docmanager:open', {path, factory: 'Notebook'}); }",
+                  f"notebooks/{name}")
     page.wait_for_function(NOTEBOOK_READY, arg=name, timeout=120_000)
+
+
+# As a student closing the notebook: its kernel (and any workers) shut down, the tab closed without saving
+CLOSE = """async () => {
+    const w = window.jupyterapp.shell.currentWidget;
+    if (w && w.sessionContext) await w.sessionContext.shutdown();
+    if (w) w.dispose();
+}"""
 
 
 def _clear(page):
@@ -305,10 +332,9 @@ def _check_no_errors(page, name, when):
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebook_opens_renders_and_runs_in_jupyterlab(lab, browser, name):
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+def test_notebook_opens_renders_and_runs_in_jupyterlab(page, name):
     try:
-        _open(page, lab, name)
+        _open(page, name)
         # the stored outputs, as a student opening the notebook sees them
         _check_no_errors(page, name, "as stored")
         _check_pictures(page, name)
@@ -326,16 +352,17 @@ def test_notebook_opens_renders_and_runs_in_jupyterlab(lab, browser, name):
                 target = next(i for i, src in enumerate(sources) if call in src and "import" not in src.split(call)[0])
                 ran = cells_needed(sources, target)
             _run_cells(page, name, [positions[i] for i in ran])
-        page.screenshot(path=str(SHOTS / f"{name}.after.png"), full_page=True)
+        page.screenshot(path=str(SHOTS / f"{name}.after.png"))
         _check_no_errors(page, name, f"after running code cells {list(ran)}")
         if name == FULL_RUN:
             _check_pictures(page, name)  # this run's figures
         if widget is not None:
             widget[1](page)
+    except BaseException:
+        page.screenshot(path=str(SHOTS / f"{name}.failed.png"), full_page=True)
+        raise
     finally:
-        # as a student closing the notebook: its kernel and any workers go away
-        page.evaluate(SHUTDOWN)
-        page.close()
+        page.evaluate(CLOSE)
 
 
 def _press(page, slider, key, times):

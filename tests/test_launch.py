@@ -135,6 +135,10 @@ def test_workers_get_the_environment_as_it_is_at_the_call(monkeypatch, start_met
     out = launch.spawn(workers.environment, 2, ["COURSE_LIB_TEST_VARIABLE", "COURSE_LIB_TEST_GONE"], backend="gloo",
                        start_method=start_method)
     assert out == [{"COURSE_LIB_TEST_VARIABLE": "set after the first call", "COURSE_LIB_TEST_GONE": None}] * 2
+    # torch.distributed reads its debug level when it is imported (in the fork server, at the first call)
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+    levels = launch.spawn(workers.debug_level, 2, backend="gloo", start_method=start_method)
+    assert levels == ["DETAIL", "DETAIL"]
 
 
 def test_an_unknown_start_method_is_refused_with_the_choices():

@@ -1,3 +1,5 @@
+import time
+
 import pytest
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _orthogonalize_gram_schmidt
@@ -158,3 +160,21 @@ def test_exercise_checks(capsys):
 
     assert not ex.check_rank1_error(exponent_2k)
     assert "[FAIL]" in capsys.readouterr().out
+
+
+def test_a_slow_call_is_timed_once_after_its_warm_up():
+    from course_lib.support.timing import median_seconds
+
+    calls = []
+
+    def slow():
+        calls.append(1)
+        time.sleep(0.02)
+
+    assert median_seconds(slow, repeats=3, once_above_s=0.01) >= 0.02 and len(calls) == 2  # warm-up + one
+    calls.clear()
+    median_seconds(slow, repeats=3, once_above_s=1.0)
+    assert len(calls) == 4  # below the limit: warm-up + 3
+    calls.clear()
+    median_seconds(slow, repeats=3)
+    assert len(calls) == 4  # no limit

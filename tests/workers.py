@@ -134,3 +134,7 @@ def train_a_little(rank, world_size):
 
 def environment(rank, world_size, names):
     return {name: os.environ.get(name) for name in names}
+
+
+def debug_level(rank, world_size):
+    return dist.get_debug_level().name

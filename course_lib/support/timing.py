@@ -12,15 +12,21 @@ from course_lib.support import checks
 __all__ = ["median_seconds"]
 
 
-def median_seconds(fn, repeats: int = 5, warmup: int = 1) -> float:
+def median_seconds(fn, repeats: int = 5, warmup: int = 1, once_above_s: float | None = None) -> float:
     """Median wall-clock seconds of ``fn()`` over ``repeats`` calls, after ``warmup`` untimed calls
-    (allocations, kernel selection, caches)."""
+    (allocations, kernel selection, caches). With ``once_above_s``, a call whose warm-up took longer than
+    that is timed once: the timer's noise is far below it, and repeating it only costs time."""
     if not callable(fn):
         raise TypeError(f"fn must be a function to call with no arguments (e.g. lambda: model(x)), got {fn!r}")
     checks.integer("repeats", repeats, 1)
     checks.integer("warmup", warmup, 0)
+    warm_s = 0.0
     for _ in range(warmup):
+        start = time.perf_counter()
         fn()
+        warm_s = time.perf_counter() - start
+    if once_above_s is not None and warmup and warm_s > once_above_s:
+        repeats = 1
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
