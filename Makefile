@@ -26,11 +26,11 @@ lab: $(VENV)/.course
 	cd notebooks && ../$(BIN)/jupyter lab --no-browser $(ROOT_FLAG)
 
 ## Lint, unit tests, every notebook under nbval (on this CPU and on an emulated other one), and in a browser;
-## prints each phase's time. The unit tests, the two nbval runs and the browser go side by side: on 2 cores
-## each spends much of its time waiting on its own processes, and together they finish sooner than one
-## after another.
+## prints each phase's time. The unit tests, the two nbval runs (each in two halves, so that the runs
+## end together) and the browser go side by side: on 2 cores each spends much of its time waiting on its
+## own processes, and together they finish sooner than one after another.
 test:
-	@$(PYTHON) tests/phases.py install lint "unit nbval nbval-other-cpu browser"
+	@$(PYTHON) tests/phases.py install lint "unit nbval/2 nbval-other-cpu/2 browser"
 
 install: $(VENV)/.test
 
@@ -45,8 +45,10 @@ unit: $(VENV)/.test
 browser: $(VENV)/.test
 	$(BIN)/python -m pytest -q -rs tests/test_browser.py
 
+# Which notebooks nbval runs (all by default; make test gives each of its runs half of them)
+NOTEBOOKS ?= notebooks
 nbval: $(VENV)/.test
-	$(NBVAL) notebooks
+	$(NBVAL) $(NOTEBOOKS)
 
 # Another CPU, emulated on this one. The stored outputs come from one machine; an instructor's CI
 # runs on another, whose kernels round differently. Three things pick the kernels: PyTorch's own
@@ -60,13 +62,13 @@ ONE_THREAD  := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 ## nbval once more, with the most basic kernels and one thread: a kernel set no machine runs by default.
 ## On a copy of the notebooks (and of what they read), so that it can run beside `make nbval`: the
 ## notebooks write the students' files (my_*.py) next to themselves.
-OTHER_CPU_DIR := build/other-cpu
+OTHER_CPU_DIR ?= build/other-cpu
 nbval-other-cpu: $(VENV)/.test
 	rm -rf $(OTHER_CPU_DIR) && mkdir -p $(OTHER_CPU_DIR)/benchmarks
 	cp -r notebooks img $(OTHER_CPU_DIR)/ && cp -r benchmarks/results $(OTHER_CPU_DIR)/benchmarks/
 	rm -f $(OTHER_CPU_DIR)/notebooks/my_*.py
 	cd $(OTHER_CPU_DIR) && env $(CPU_DEFAULT) $(ONE_THREAD) $(abspath $(BIN))/python -m pytest --nbval \
-		--nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg notebooks
+		--nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg $(NOTEBOOKS)
 
 ## nbval under every kernel set this CPU can emulate, and with one thread; says which failed
 portability: $(VENV)/.test
