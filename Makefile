@@ -26,11 +26,11 @@ lab: $(VENV)/.course
 	cd notebooks && ../$(BIN)/jupyter lab --no-browser $(ROOT_FLAG)
 
 ## Lint, unit tests, every notebook under nbval (on this CPU and on an emulated other one), and in a browser;
-## prints each phase's time. The unit tests, the two nbval runs (each in two halves, so that the runs
-## end together) and the browser go side by side: on 2 cores each spends much of its time waiting on its
-## own processes, and together they finish sooner than one after another.
+## prints each phase's time. The unit tests, the two nbval runs and the browser go side by side: on 2 cores
+## each spends much of its time waiting on its own processes, and together they finish sooner than one
+## after another.
 test:
-	@$(PYTHON) tests/phases.py install lint "unit nbval/2 nbval-other-cpu/2 browser"
+	@$(PYTHON) tests/phases.py install lint "unit nbval nbval-other-cpu browser"
 
 install: $(VENV)/.test
 
@@ -45,7 +45,7 @@ unit: $(VENV)/.test
 browser: $(VENV)/.test
 	$(BIN)/python -m pytest -q -rs tests/test_browser.py
 
-# Which notebooks nbval runs (all by default; make test gives each of its runs half of them)
+# Which notebooks nbval and nbval-other-cpu run (all by default): make nbval NOTEBOOKS=notebooks/05_power_iteration.ipynb
 NOTEBOOKS ?= notebooks
 nbval: $(VENV)/.test
 	$(NBVAL) $(NOTEBOOKS)

@@ -4,8 +4,7 @@
 
 Each argument is a step; the make targets named in one step run at the same time (on 2 cores the
 unit tests and the two nbval runs spend much of their time waiting on each other's processes, so
-together they finish sooner than one after another). ``nbval/2`` runs the nbval target as two makes,
-each on half of the notebooks (see ``split``). A target's output goes to
+together they finish sooner than one after another). A target's output goes to
 ``build/logs/TARGET.log`` and is printed whole when it ends, so that outputs never interleave. Every
 step runs even when one before it failed (except after a failed install: nothing can run then); the
 table at the end says which failed, and the exit status is 1 if any did.
@@ -23,24 +22,6 @@ ROOT = Path(__file__).resolve().parents[1]
 LOGS = ROOT / "build" / "logs"
 
 
-def split(target: str) -> list[tuple[str, list[str]]]:
-    """``nbval/2``: the nbval target run as 2 makes, each on every other notebook (in name order: the heavy
-    ones are spread out), so that the runs side by side end at about the same time; nbval-other-cpu's
-    halves each in a copy of their own. Any other target: itself."""
-    if "/" not in target:
-        return [(target, [target])]
-    name, parts = target.split("/")
-    notebooks = sorted(f"notebooks/{p.name}" for p in (ROOT / "notebooks").glob("*.ipynb"))
-    runs = []
-    for i in range(int(parts)):
-        label = f"{name}-{i + 1}of{parts}"
-        args = [name, "NOTEBOOKS=" + " ".join(notebooks[i::int(parts)])]
-        if name == "nbval-other-cpu":
-            args.append(f"OTHER_CPU_DIR=build/{label}")
-        runs.append((label, args))
-    return runs
-
-
 def run_step(targets: list[str]) -> list[tuple[str, float, int]]:
     """Start ``make TARGET`` for every target at once; wait for all; print each log as it ends."""
     LOGS.mkdir(parents=True, exist_ok=True)
@@ -53,13 +34,12 @@ def run_step(targets: list[str]) -> list[tuple[str, float, int]]:
         # waits, not the threads or the work each does: the same numbers come out.
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     running = {}
-    for target, args in (run for t in targets for run in split(t)):
+    for target in targets:
         log = open(LOGS / f"{target}.log", "w")
-        proc = subprocess.Popen(["make", "--no-print-directory", *args], cwd=ROOT, stdout=log, env=env,
+        proc = subprocess.Popen(["make", "--no-print-directory", target], cwd=ROOT, stdout=log, env=env,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         running[target] = (proc, log, time.monotonic())
-    if len(running) > 1:
-        targets = list(running)
+    if len(targets) > 1:
         print(f"== {', '.join(targets)}: side by side (OMP_WAIT_POLICY={env['OMP_WAIT_POLICY']}); each log is "
               f"printed when it ends", flush=True)
     done = []
