@@ -336,7 +336,7 @@ _start_lock = threading.Lock()
 
 
 def _start_workers(procs: list, error_files: list, world_size: int, worker_args: tuple,
-                   start_method: str = "spawn") -> None:
+                   start_method: str) -> None:
     """Start ``_worker(rank, *worker_args)`` for each rank; append the processes to ``procs``.
 
     start_processes starts the processes one after another. When starting one fails (Ctrl-C, an

@@ -1,10 +1,10 @@
 """Run ``make test``'s phases, some side by side, and print how long each took.
 
-    python3 tests/phases.py install lint "unit nbval nbval-other-cpu" browser
+    python3 tests/phases.py install lint "unit nbval nbval-other-cpu browser"
 
 Each argument is a step; the make targets named in one step run at the same time (on 2 cores the
-unit tests and the two nbval runs spend much of their time waiting on each other's processes, so
-together they finish sooner than one after another). A target's output goes to
+unit tests, the two nbval runs and the browser test spend much of their time waiting on each
+other's processes, so together they finish sooner than one after another). A target's output goes to
 ``build/logs/TARGET.log`` and is printed whole when it ends, so that outputs never interleave. Every
 step runs even when one before it failed (except after a failed install: nothing can run then); the
 table at the end says which failed, and the exit status is 1 if any did.

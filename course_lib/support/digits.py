@@ -6,13 +6,37 @@ Every notebook that trains uses these two functions, so their numbers are compar
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+from pathlib import Path
+
+import numpy as np
 import torch
-from sklearn.datasets import load_digits
 from torch import nn
 
 from course_lib.support import checks
 
 __all__ = ["digits_tensors", "mlp", "batch_slice", "gradient_snapshots"]
+
+
+@functools.cache
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits as ``load_digits()`` returns them: ``(data, target)``, read once per process.
+
+    Read from the file scikit-learn ships, as ``load_digits`` reads it, without importing scikit-learn:
+    that import takes most of a second, in every process that trains (each worker server, each
+    notebook kernel, each fresh interpreter). ``tests/test_digits.py`` checks the arrays against
+    ``load_digits()``.
+    """
+    spec = importlib.util.find_spec("sklearn")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    path = Path(locations[0]) / "datasets" / "data" / "digits.csv.gz" if locations else None
+    if path is None or not path.is_file():
+        raise FileNotFoundError(f"scikit-learn's digits file was not found (looked for {path}): install "
+                                f"the course's pinned scikit-learn (`make install`, or "
+                                f"pip install -c constraints.txt -e .)")
+    table = np.loadtxt(path, delimiter=",")  # 64 pixels, then the label, on each row
+    return table[:, :-1], table[:, -1].astype(int)
 
 
 def digits_tensors(test_fraction: float = 0.25, seed: int = 0):
@@ -23,9 +47,9 @@ def digits_tensors(test_fraction: float = 0.25, seed: int = 0):
     checks.number("test_fraction", test_fraction, 0, 1, low_open=True)
     if test_fraction == 1:
         raise ValueError("test_fraction must be below 1: a test fraction of 1 leaves no training data")
-    data = load_digits()
-    x = torch.tensor(data.data, dtype=torch.float32) / 16.0
-    y = torch.tensor(data.target, dtype=torch.int64)
+    pixels, labels = _digits_arrays()
+    x = torch.tensor(pixels, dtype=torch.float32) / 16.0
+    y = torch.tensor(labels, dtype=torch.int64)
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
     x, y = x[order], y[order]
     n_test = int(round(len(x) * test_fraction))
