@@ -28,9 +28,10 @@ lab: $(VENV)/.course
 ## Lint, unit tests, every notebook under nbval (on this CPU and on an emulated other one), and in a browser;
 ## prints each phase's time. The unit tests, the two nbval runs and the browser go side by side: on 2 cores
 ## each spends much of its time waiting on its own processes, and together they finish sooner than one
-## after another.
+## after another. The unit tests and nbval run a little nicer (niceness 3 and 1), so that nbval on the
+## other CPU, the longest, is not left running alone at the end.
 test:
-	@$(PYTHON) tests/phases.py install lint "unit nbval nbval-other-cpu browser"
+	@$(PYTHON) tests/phases.py install lint "unit:3 nbval:1 nbval-other-cpu browser"
 
 install: $(VENV)/.test
 

@@ -1,10 +1,14 @@
 """Run ``make test``'s phases, some side by side, and print how long each took.
 
-    python3 tests/phases.py install lint "unit nbval nbval-other-cpu browser"
+    python3 tests/phases.py install lint "unit:3 nbval:1 nbval-other-cpu browser"
 
 Each argument is a step; the make targets named in one step run at the same time (on 2 cores the
 unit tests, the two nbval runs and the browser test spend much of their time waiting on each
-other's processes, so together they finish sooner than one after another). A target's output goes to
+other's processes, so together they finish sooner than one after another). ``TARGET:N`` runs a
+target at niceness N: side by side the step lasts as long as its longest target, so the targets
+that would finish early yield the CPU to the one that would finish last (nbval on the emulated
+other CPU, whose kernels have one thread each). Niceness changes when a process gets the CPU, not
+what it computes. A target's output goes to
 ``build/logs/TARGET.log`` and is printed whole when it ends, so that outputs never interleave. Every
 step runs even when one before it failed (except after a failed install: nothing can run then); the
 table at the end says which failed, and the exit status is 1 if any did.
@@ -34,13 +38,20 @@ def run_step(targets: list[str]) -> list[tuple[str, float, int]]:
         # waits, not the threads or the work each does: the same numbers come out.
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     running = {}
-    for target in targets:
+    niceness = {}
+    for spec in targets:
+        target, _, nice = spec.partition(":")
+        niceness[target] = int(nice or 0)
         log = open(LOGS / f"{target}.log", "w")
-        proc = subprocess.Popen(["make", "--no-print-directory", target], cwd=ROOT, stdout=log, env=env,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        command = ["make", "--no-print-directory", target]
+        if niceness[target]:
+            command = ["nice", "-n", str(niceness[target]), *command]
+        proc = subprocess.Popen(command, cwd=ROOT, stdout=log, env=env, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
         running[target] = (proc, log, time.monotonic())
     if len(targets) > 1:
-        print(f"== {', '.join(targets)}: side by side (OMP_WAIT_POLICY={env['OMP_WAIT_POLICY']}); each log is "
+        shown = ", ".join(f"{t} (nice {n})" if n else t for t, n in niceness.items())
+        print(f"== {shown}: side by side (OMP_WAIT_POLICY={env['OMP_WAIT_POLICY']}); each log is "
               f"printed when it ends", flush=True)
     done = []
     while running:
