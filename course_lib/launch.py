@@ -266,6 +266,12 @@ def _worker(rank, fn, world_size, port, backend, timeout_s, args, results, envir
         dist.init_process_group(
             backend, store=store, rank=rank, world_size=world_size, timeout=timeout, device_id=device_id
         )
+        # Every rank waits here until all have joined. gloo counts a connection made once its own side
+        # is up, so a rank whose fn returned at once could close its sockets while a slower peer was
+        # still finishing the other side, and that peer's init failed ("Connection closed by peer":
+        # 2 spawns in 150 of a function that returns at once, on a busy machine).
+        store.set(f"course_lib/joined/{rank}", "1")
+        store.wait([f"course_lib/joined/{r}" for r in range(world_size)])
         value = fn(rank, world_size, *args)
         # Pickle to bytes here, so tensors are copied rather than shared through file
         # descriptors that vanish when this process exits.

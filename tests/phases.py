@@ -1,14 +1,16 @@
 """Run ``make test``'s phases, some side by side, and print how long each took.
 
-    python3 tests/phases.py install lint "unit:3 nbval:1 nbval-other-cpu browser"
+    python3 tests/phases.py install lint "unit:3 nbval nbval-other-cpu browser"
 
 Each argument is a step; the make targets named in one step run at the same time (on 2 cores the
 unit tests, the two nbval runs and the browser test spend much of their time waiting on each
 other's processes, so together they finish sooner than one after another). ``TARGET:N`` runs a
-target at niceness N: side by side the step lasts as long as its longest target, so the targets
-that would finish early yield the CPU to the one that would finish last (nbval on the emulated
-other CPU, whose kernels have one thread each). Niceness changes when a process gets the CPU, not
-what it computes. A target's output goes to
+target in a session of its own at niceness N. Side by side the step lasts as long as its longest
+target, so a target that would finish early should yield the CPU to the others. Linux shares the CPU
+between sessions first (autogroup scheduling, where enabled) and each notebook kernel is a session of
+its own, so a nice process in the shared session yields only to its neighbours there: the target's
+own session gets the niceness too (/proc/self/autogroup). Niceness changes when a process gets the
+CPU, not what it computes. A target's output goes to
 ``build/logs/TARGET.log`` and is printed whole when it ends, so that outputs never interleave. Every
 step runs even when one before it failed (except after a failed install: nothing can run then); the
 table at the end says which failed, and the exit status is 1 if any did.
@@ -17,6 +19,7 @@ Standard library only: it runs before the virtual environment exists (the instal
 """
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -43,17 +46,42 @@ def run_step(targets: list[str]) -> list[tuple[str, float, int]]:
         target, _, nice = spec.partition(":")
         niceness[target] = int(nice or 0)
         log = open(LOGS / f"{target}.log", "w")
-        command = ["make", "--no-print-directory", target]
-        if niceness[target]:
-            command = ["nice", "-n", str(niceness[target]), *command]
-        proc = subprocess.Popen(command, cwd=ROOT, stdout=log, env=env, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(["make", "--no-print-directory", target], cwd=ROOT, stdout=log, env=env,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                preexec_fn=_yielding(niceness[target]) if niceness[target] else None)
         running[target] = (proc, log, time.monotonic())
     if len(targets) > 1:
         shown = ", ".join(f"{t} (nice {n})" if n else t for t, n in niceness.items())
         print(f"== {shown}: side by side (OMP_WAIT_POLICY={env['OMP_WAIT_POLICY']}); each log is "
               f"printed when it ends", flush=True)
     done = []
+    try:
+        _wait(running, done)
+    except KeyboardInterrupt:  # a target in a session of its own does not get the terminal's Ctrl-C: pass it on
+        for target, (proc, _, _) in running.items():
+            if niceness[target] and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGINT)
+        for proc, _, _ in running.values():
+            proc.wait()
+        raise
+    return done
+
+
+def _yielding(niceness: int):
+    """What the child runs before make: a session of its own, at ``niceness``, the session too."""
+    def set_up():
+        os.setsid()
+        os.nice(niceness)
+        try:  # Linux with autogroup scheduling; elsewhere the process niceness alone
+            with open("/proc/self/autogroup", "w") as f:
+                f.write(str(niceness))
+        except OSError:
+            pass
+    return set_up
+
+
+def _wait(running: dict, done: list) -> None:
+    """Wait for the targets in ``running``; print each one's log as it ends; record it in ``done``."""
     while running:
         for target, (proc, log, start) in list(running.items()):
             if proc.poll() is None:
@@ -66,7 +94,6 @@ def run_step(targets: list[str]) -> list[tuple[str, float, int]]:
             sys.stdout.flush()
             done.append((target, seconds, proc.returncode))
         time.sleep(0.5)
-    return done
 
 
 def main(steps: list[str]) -> int:

@@ -279,6 +279,13 @@ def test_progress_bar_counts_rank_zero_reports(capsys):
     assert "counting" in err and "5/5" in err
 
 
+def test_fn_starts_on_no_rank_before_every_rank_has_joined():
+    # Without the wait, a rank whose fn returns at once closed its sockets while a slower peer was
+    # still connecting, and the peer's init failed ("Connection closed by peer", under load).
+    for world_size in (2, 4):
+        assert launch.spawn(workers.ranks_joined_when_fn_starts, world_size) == [list(range(world_size))] * world_size
+
+
 def test_workers_are_started_by_torch_start_processes():
     out = launch.spawn(workers.how_started, 2, backend="gloo")
     wrapper = (inspect.getsourcefile(torch.multiprocessing.start_processes), "_wrap")

@@ -138,3 +138,9 @@ def environment(rank, world_size, names):
 
 def debug_level(rank, world_size):
     return dist.get_debug_level().name
+
+
+def ranks_joined_when_fn_starts(rank, world_size):
+    """The ranks that launch's workers had recorded as joined (in the group's store) when fn started here."""
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, False)
+    return [r for r in range(world_size) if store.check([f"course_lib/joined/{r}"])]
