@@ -28,10 +28,10 @@ lab: $(VENV)/.course
 ## Lint, unit tests, every notebook under nbval (on this CPU and on an emulated other one), and in a browser;
 ## prints each phase's time. The unit tests, the two nbval runs and the browser go side by side: on 2 cores
 ## each spends much of its time waiting on its own processes, and together they finish sooner than one
-## after another. The unit tests, which would finish first, run in a session of their own at niceness 3
+## after another. The unit tests, which would finish first, run in a session of their own at niceness 2
 ## and yield the CPU to the notebooks' kernels (see tests/phases.py).
 test:
-	@$(PYTHON) tests/phases.py install lint "unit:3 nbval nbval-other-cpu browser"
+	@$(PYTHON) tests/phases.py install lint "unit:2 nbval nbval-other-cpu browser"
 
 install: $(VENV)/.test
 
