@@ -48,7 +48,8 @@ The course's own support, in ``support``: none of it is an algorithm.
 * ``support.timing``: the median of repeated timings;
 * ``support.shapes``: parameter shapes of well-known models (ResNet-18 for CIFAR-10), written out;
 * ``support.checks``: argument checks that name the bad argument, its value and what is allowed;
-* ``support.progress``: a progress bar that a saved notebook shows finished.
+* ``support.progress``: a progress bar that a saved notebook shows finished;
+* ``support.gpu_results``: what ``benchmarks/gpu_check.py`` measured on a GPU, always named with the device.
 """
 
 __version__ = "0.1.0"

@@ -83,6 +83,27 @@ def _check_ranks_agree(tensor: torch.Tensor, group, roots: dict) -> None:
                          f"must pass a tensor of the same shape and dtype, and name the same root.")
 
 
+def _on_host(tensor: torch.Tensor, group) -> bool:
+    """Whether ``tensor`` must travel through a copy in host memory: gloo's point-to-point messages
+    read and write host memory only (given a CUDA tensor's address, its socket fails with "writev:
+    Bad address" and the process aborts), while its collectives stage CUDA tensors themselves. NCCL
+    sends CUDA tensors as they are."""
+    return tensor.is_cuda and dist.get_backend(group) == "gloo"
+
+
+def _send(tensor: torch.Tensor, dst: int, group) -> None:
+    dist.send(tensor.cpu() if _on_host(tensor, group) else tensor, dst=dst, group=group)
+
+
+def _recv(tensor: torch.Tensor, src: int, group) -> None:
+    if not _on_host(tensor, group):
+        dist.recv(tensor, src=src, group=group)
+        return
+    host = torch.empty(tensor.shape, dtype=tensor.dtype)
+    dist.recv(host, src=src, group=group)
+    tensor.copy_(host)
+
+
 def _check_root(name: str, root, size: int) -> int:
     # A root outside 0..size-1 would be taken modulo size below: a silent broadcast from another rank.
     if not isinstance(root, int) or isinstance(root, bool) or not 0 <= root < size:
@@ -99,15 +120,15 @@ def naive_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
     if rank == 0:
         incoming = torch.empty_like(flat)
         for peer in range(1, size):
-            dist.recv(incoming, src=_global(group, peer), group=group)
+            _recv(incoming, _global(group, peer), group)
             flat.add_(incoming)
         for peer in range(1, size):
-            dist.send(flat, dst=_global(group, peer), group=group)
+            _send(flat, _global(group, peer), group)
             sent.add(flat)
     else:
-        dist.send(flat, dst=_global(group, 0), group=group)
+        _send(flat, _global(group, 0), group)
         sent.add(flat)
-        dist.recv(flat, src=_global(group, 0), group=group)
+        _recv(flat, _global(group, 0), group)
     return tensor
 
 
@@ -121,14 +142,14 @@ def tree_broadcast(tensor: torch.Tensor, src: int = 0, group=None) -> torch.Tens
     mask = 1
     while mask < size:
         if vrank & mask:
-            dist.recv(flat, src=_global(group, (vrank - mask + src) % size), group=group)
+            _recv(flat, _global(group, (vrank - mask + src) % size), group)
             break
         mask <<= 1
     # ...then pass it on to the ranks below that bit, largest subtree first.
     mask >>= 1
     while mask > 0:
         if vrank + mask < size:
-            dist.send(flat, dst=_global(group, (vrank + mask + src) % size), group=group)
+            _send(flat, _global(group, (vrank + mask + src) % size), group)
             sent.add(flat)
         mask >>= 1
     return tensor
@@ -147,13 +168,13 @@ def tree_reduce(tensor: torch.Tensor, dst: int = 0, group=None) -> torch.Tensor:
     mask = 1
     while mask < size:
         if vrank & mask:
-            dist.send(flat, dst=_global(group, (vrank - mask + dst) % size), group=group)
+            _send(flat, _global(group, (vrank - mask + dst) % size), group)
             sent.add(flat)
             break
         if vrank + mask < size:
             if incoming is None:
                 incoming = torch.empty_like(flat)
-            dist.recv(incoming, src=_global(group, (vrank + mask + dst) % size), group=group)
+            _recv(incoming, _global(group, (vrank + mask + dst) % size), group)
             flat.add_(incoming)
         mask <<= 1
     return tensor
@@ -163,13 +184,17 @@ def _exchange(send_buf, send_to, recv_buf, recv_from, group):
     """Send and receive at once. Posting both before waiting on either is what avoids the
     deadlock of a ring in which every rank first blocks in ``send``."""
     works = []
+    host = _on_host(recv_buf, group)  # CUDA tensors over gloo: through host memory (_on_host)
+    landing = torch.empty(recv_buf.shape, dtype=recv_buf.dtype) if host else recv_buf
     if recv_buf.numel():  # lengths are equal on every rank, so both ends skip empty chunks alike
-        works.append(dist.irecv(recv_buf, src=recv_from, group=group))
+        works.append(dist.irecv(landing, src=recv_from, group=group))
     if send_buf.numel():
-        works.append(dist.isend(send_buf, dst=send_to, group=group))
+        works.append(dist.isend(send_buf.cpu() if host else send_buf, dst=send_to, group=group))
         sent.add(send_buf)
     for work in works:
         work.wait()
+    if host and recv_buf.numel():
+        recv_buf.copy_(landing)
 
 
 def ring_all_reduce(tensor: torch.Tensor, group=None, trace: list | None = None) -> torch.Tensor:
@@ -258,8 +283,8 @@ def blocking_ring_shift(tensor: torch.Tensor, group=None) -> torch.Tensor:
     """
     rank, size = _rank_size(group)
     received = torch.empty_like(tensor)
-    dist.send(tensor, dst=_global(group, (rank + 1) % size), group=group)
-    dist.recv(received, src=_global(group, (rank - 1) % size), group=group)
+    _send(tensor, _global(group, (rank + 1) % size), group)
+    _recv(received, _global(group, (rank - 1) % size), group)
     return received
 
 

@@ -123,11 +123,29 @@ def pick_backend(world_size: int) -> str:
     return "gloo"
 
 
-def worker_device() -> torch.device:
-    """The device this worker should compute on: ``cuda:LOCAL_RANK`` under NCCL, else the CPU."""
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", dist.get_rank())))
-    return torch.device("cpu")
+def worker_device(kind: str = "auto") -> torch.device:
+    """The device this worker should compute on.
+
+    ``"auto"``: ``cuda:LOCAL_RANK`` under NCCL, else the CPU. ``"cuda"``: this rank's GPU whatever the
+    backend, ``cuda:(LOCAL_RANK mod the GPUs visible)``, so that gloo ranks can share one GPU (gloo
+    moves CUDA tensors; NCCL refuses two ranks on one GPU). ``"cpu"``: the CPU (not under NCCL, which
+    moves CUDA tensors only).
+    """
+    if kind not in ("auto", "cuda", "cpu"):
+        raise ValueError(f"device must be 'auto', 'cuda' or 'cpu', got {kind!r}")
+    nccl = dist.is_initialized() and dist.get_backend() == "nccl"
+    local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank() if dist.is_initialized() else 0))
+    if kind == "cpu":
+        if nccl:
+            raise ValueError("device='cpu' under the NCCL backend: NCCL moves CUDA tensors only. "
+                             "Use device='auto' (or 'cuda'), or start the workers with backend='gloo'.")
+        return torch.device("cpu")
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device='cuda' but no CUDA GPU is visible (torch.cuda.is_available() is False): "
+                             "use device='auto' or 'cpu'.")
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cuda", local_rank) if nccl else torch.device("cpu")
 
 
 def _check_picklable_by_reference(fn, who: str = "spawn") -> None:

@@ -230,9 +230,12 @@ def track_error_feedback(matrices, rank: int, warm_start: bool = True, iters: in
     return errors, optima
 
 
-def time_methods(shapes, rank: int = 2, repeats: int = 5, seed: int = 0, progress: bool = False) -> list[dict]:
+def time_methods(shapes, rank: int = 2, repeats: int = 5, seed: int = 0, progress: bool = False,
+                 device: torch.device | str = "cpu") -> list[dict]:
     """Median seconds of a full SVD, ``torch.svd_lowrank`` and one power-iteration step, per shape, over
-    ``repeats`` calls after one warm-up; a call whose warm-up took over a second is timed once."""
+    ``repeats`` calls after one warm-up; a call whose warm-up took over a second is timed once. The
+    matrices are drawn on the CPU (the same numbers on every device), then moved to ``device``; on a
+    GPU each call is timed until its kernels have finished."""
     g = torch.Generator().manual_seed(seed)
     rows = []
     shapes = list(shapes)
@@ -245,14 +248,14 @@ def time_methods(shapes, rank: int = 2, repeats: int = 5, seed: int = 0, progres
     if progress:
         shapes = progress_bar(shapes, desc="timing")
     for n, m in shapes:
-        M = torch.randn(n, m, generator=g)
-        q = torch.randn(m, rank, generator=g)
+        M = torch.randn(n, m, generator=g).to(device)
+        q = torch.randn(m, rank, generator=g).to(device)
         row = {"shape": (n, m)}
         for key, fn in (
             ("svd_s", lambda M=M: torch.linalg.svd(M, full_matrices=False)),
             ("svd_lowrank_s", lambda M=M: torch.svd_lowrank(M, q=rank, niter=2)),
             ("power_step_s", lambda M=M, q=q: power_iteration(M, rank, 1, q=q)),
         ):
-            row[key] = median_seconds(fn, repeats, once_above_s=1.0)
+            row[key] = median_seconds(fn, repeats, once_above_s=1.0, device=device)
         rows.append(row)
     return rows

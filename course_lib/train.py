@@ -72,6 +72,9 @@ class TrainConfig:
     momentum: float = 0.0
     seed: int = 0  # the model's initialization, the batch order and PowerSGD's random_seed
     threads: int | None = None  # compute threads of this worker from now on (None: leave them as they are)
+    # where each rank computes: "auto" (cuda:LOCAL_RANK under NCCL, else the CPU), "cuda" (this rank's GPU
+    # whatever the backend: gloo ranks can share one GPU) or "cpu"
+    device: str = "auto"
     # at this step, checkpoint model, optimizer and hook state with torch.save, then continue with a
     # *new* DDP model, optimizer and hook state loaded from it, as a restarted job would
     resume_at: int | None = None
@@ -128,6 +131,11 @@ class TrainConfig:
         if self.hook == "dgc" and self.momentum and self.dgc_momentum:
             raise ValueError("dgc applies momentum inside the hook (momentum correction): train it with momentum=0, "
                              "or set dgc_momentum=0 to leave momentum to the optimizer")
+        if self.device not in ("auto", "cuda", "cpu"):
+            raise ValueError(f"device must be 'auto', 'cuda' or 'cpu', got {self.device!r}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' but no CUDA GPU is visible (torch.cuda.is_available() is False): "
+                             "use device='auto' or 'cpu'")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1 or None, got {self.threads}")
         # Numbers that would otherwise train to NaN, or train with something else than was asked, silently.
@@ -270,7 +278,7 @@ def _ddp_train(rank: int, world_size: int, config: TrainConfig, out: TrainResult
         raise ValueError(f"batch_size {c.batch_size} must be divisible by world_size {world_size}")
     if c.threads is not None:
         torch.set_num_threads(c.threads)
-    device = worker_device()
+    device = worker_device(c.device)
     x_train, y_train, x_test, y_test = _digits(c.n_in, device)
     process_group = None  # the hook's; None: the default group
     if c.hook_group == "self":
@@ -332,6 +340,8 @@ def _build(c: TrainConfig, device: torch.device, process_group, hook_enter_s: li
         net.load_state_dict(checkpoint["model"])
     model = DDP(net, bucket_cap_mb=c.bucket_cap_mb)
     state, hook = make_hook(c, process_group)
+    if c.hook.startswith("torch_") and device.type == "cpu" and torch.cuda.is_available():
+        _let_torch_hooks_run_on_cpu()
     if checkpoint is not None:
         state = checkpoint["hook_state"]
         if process_group is not None and hasattr(state, "process_group"):  # unpickled: the default group
@@ -348,6 +358,25 @@ def _build(c: TrainConfig, device: torch.device, process_group, hook_enter_s: li
     if checkpoint is not None:
         opt.load_state_dict(checkpoint["optimizer"])
     return model, state, opt
+
+
+def _let_torch_hooks_run_on_cpu() -> None:
+    """torch's PowerSGD hooks end with ``if torch.cuda.is_available(): torch.cuda.synchronize(device)``,
+    ``device`` being the bucket's: on CPU tensors, on a machine with a GPU, that raises "Expected a cuda
+    device, but got: cpu" (seen on an H100 with torch 2.11, ``benchmarks/results/gpu_check.json``; the
+    same lines in torch 2.13). In this worker process only, a synchronize asked of the CPU does nothing,
+    as there is nothing on a GPU to wait for."""
+    synchronize = torch.cuda.synchronize
+    if getattr(synchronize, "skips_the_cpu", False):
+        return
+
+    def synchronize_cuda_only(device=None):
+        if device is not None and torch.device(device).type == "cpu":
+            return None
+        return synchronize(device)
+
+    synchronize_cuda_only.skips_the_cpu = True
+    torch.cuda.synchronize = synchronize_cuda_only
 
 
 def _save(model: DDP, state, opt: torch.optim.Optimizer) -> io.BytesIO:
@@ -446,6 +475,8 @@ def _argument_parser() -> argparse.ArgumentParser:
             group.add_argument(flag, choices=["mean", "majority"], default=f.default)
         elif f.name == "memory":
             group.add_argument(flag, choices=["auto", "error_feedback", "none"], default=f.default)
+        elif f.name == "device":
+            group.add_argument(flag, choices=["auto", "cuda", "cpu"], default=f.default)
         elif f.name == "compress_wrapper":
             group.add_argument(flag, choices=["fp16", "bf16"], default=None)
         elif f.name in ("resume_at", "threads"):

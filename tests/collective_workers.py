@@ -100,3 +100,27 @@ def mismatched(rank, world_size, op):
     if op == "ring_all_reduce":
         return C.ring_all_reduce(torch.ones(3 + rank))  # rank 1 passes one more element
     return C.tree_broadcast(torch.ones(3), src=rank)  # every rank thinks it is the root
+
+
+def through_host_memory(rank, world_size):
+    """Every collective of the module with its tensors staged through host memory, as CUDA tensors are
+    over gloo (``_on_host`` says yes to every tensor here), against torch's own collectives."""
+    C._on_host = lambda tensor, group: True
+    g = torch.Generator().manual_seed(rank)
+    out = {}
+    x = torch.randn(11, generator=g)
+    expected = x.clone()
+    dist.all_reduce(expected)
+    for name, fn in (("ring", C.ring_all_reduce), ("naive", C.naive_all_reduce)):
+        mine = x.clone()
+        fn(mine)
+        out[name] = torch.allclose(mine, expected, atol=1e-6)
+    y = torch.full((5,), float(rank))
+    C.tree_broadcast(y, src=world_size - 1)
+    out["broadcast"] = torch.equal(y, torch.full((5,), float(world_size - 1)))
+    z = torch.ones(7)
+    C.tree_reduce(z, dst=0)
+    out["reduce"] = rank != 0 or torch.equal(z, torch.full((7,), float(world_size)))
+    left = torch.tensor([float((rank - 1) % world_size)])
+    out["shift"] = torch.equal(C.ring_shift(torch.tensor([float(rank)])), left)
+    return out

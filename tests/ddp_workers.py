@@ -179,3 +179,11 @@ def error_identity(rank, world_size, steps=6):
         model(x).square().sum().backward()
         errors.append(state.error_dict[0].view(12, 16).clone() if 0 in state.error_dict else torch.zeros(12, 16))
     return {"grads": grads, "errors": errors}
+
+
+def torch_hook_on_cpu_with_a_gpu_visible(rank, world_size):
+    """torch's layer-wise PowerSGD hook on CPU tensors where ``torch.cuda.is_available()`` says True, as
+    on a machine with a GPU: the losses of a few compressed steps."""
+    torch.cuda.is_available = lambda: True
+    cfg = TrainConfig(hook="torch_powersgd", steps=6, start_powerSGD_iter=2, hidden=32, eval_every=100)
+    return ddp_train(rank, world_size, cfg).loss

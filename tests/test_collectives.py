@@ -122,3 +122,11 @@ def test_a_length_mismatch_without_the_check_is_reported_with_the_way_to_find_it
     # gloo's "Received data size doesn't match expected size" goes to stderr, then it aborts
     with pytest.raises(WorkerError, match=r"killed by SIGABRT.*TORCH_DISTRIBUTED_DEBUG=DETAIL"):
         spawn(W.mismatched, 2, "ring_all_reduce", backend="gloo", timeout_s=20)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_collectives_staged_through_host_memory_give_torchs_results(world_size):
+    # gloo's send/recv take host memory only, so CUDA tensors travel through host copies (on a GPU:
+    # benchmarks/gpu_check.py); here every tensor takes that path, on the CPU
+    for rank, checks in enumerate(spawn(W.through_host_memory, world_size, backend="gloo", timeout_s=60)):
+        assert all(checks.values()), (rank, checks)

@@ -6,9 +6,10 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from course_lib import compression, hooks, powersgd
-from course_lib.launch import WorkerError, spawn
+from course_lib.launch import WorkerError, spawn, worker_device
 from course_lib.train import COMPRESSION_HOOKS, TrainConfig, _argument_parser, ddp_train, make_hook, train_several
 
 
@@ -136,3 +137,14 @@ def test_help_lists_the_flags_in_trainconfigs_groups():
                                                                     "--start-powerSGD-iter"]
     assert "--ratio" in sections["the compressors' arguments"]
     assert sections["what is recorded"] == ["--eval-every", "--record-params", "--record-error-memory"]
+
+
+def test_the_device_is_checked_with_a_message_that_says_what_to_do():
+    with pytest.raises(ValueError, match="device must be 'auto', 'cuda' or 'cpu', got 'gpu'"):
+        TrainConfig(device="gpu")
+    if not torch.cuda.is_available():  # this machine: no GPU to put the workers on
+        with pytest.raises(ValueError, match="no CUDA GPU is visible.*use device='auto' or 'cpu'"):
+            TrainConfig(device="cuda")
+    with pytest.raises(ValueError, match="device must be 'auto', 'cuda' or 'cpu'"):
+        worker_device("gpu")
+    assert worker_device("cpu") == torch.device("cpu") == worker_device()  # no process group: the CPU

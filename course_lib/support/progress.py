@@ -8,7 +8,10 @@ closes, so the stored text is the finished bar. Outside a notebook it is tqdm's 
 
 from __future__ import annotations
 
-from IPython.display import display
+try:  # a notebook's bar needs IPython; a script under torchrun, or on a GPU machine without Jupyter, does not
+    from IPython.display import display
+except ImportError:
+    display = None
 from tqdm.auto import tqdm as _auto_tqdm
 from tqdm.notebook import tqdm as _notebook_tqdm
 
