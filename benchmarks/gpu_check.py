@@ -64,6 +64,13 @@ BENCH_HOOKS = {"all-reduce": dict(hook="allreduce"), "fp16": dict(hook="fp16"),
                "PowerSGD r=1": dict(hook="powersgd", matrix_approximation_rank=1),
                "PowerSGD r=2": dict(hook="powersgd", matrix_approximation_rank=2),
                "PowerSGD r=4": dict(hook="powersgd", matrix_approximation_rank=4)}
+# every other hook of the course, on the same model: its step's computation and its kernels (notebooks 07, 08)
+OTHER_HOOKS = {"bf16": dict(hook="bf16"),
+               "PowerSGD r=2, batched": dict(hook="batched_powersgd", matrix_approximation_rank=2),
+               "PowerSGD r=2, ordered": dict(hook="ordered_powersgd", matrix_approximation_rank=2),
+               "top-k 1%": dict(hook="topk", ratio=0.01), "random-k 1%": dict(hook="randomk", ratio=0.01),
+               "threshold": dict(hook="threshold"), "QSGD": dict(hook="qsgd"), "signSGD": dict(hook="signsgd"),
+               "TernGrad": dict(hook="terngrad"), "DGC 0.1%": dict(hook="dgc", ratio=0.001)}
 
 
 # ---------------------------------------------------------------- workers (top level: spawn sends them by name)
@@ -148,6 +155,8 @@ def sharded_cuda(rank, world_size, device_kind, steps=3, hidden=256):
     memory ledger, and the CUDA allocator's own count beside it."""
     device = worker_device(device_kind)
     x, y, _, _ = digits_tensors()
+    if device.type == "cuda":  # cuBLAS's workspace, allocated at the first matrix product: before any ledger
+        F.cross_entropy(mlp(hidden=8, depth=1).to(device)(x[:8].to(device)), y[:8].to(device)).backward()
     out = {}
     for stage in (0, 1, 2, 3):
         if device.type == "cuda":
@@ -334,8 +343,8 @@ def nccl_world_one(backend, quick):
     order = {}
     _attempt(order, backend, lambda: spawn(torch_powersgd_order, 1, backend=backend, timeout_s=120)[0])
     if backend == "nccl":  # the same tensors on gloo, for contrast; and on the CPU, with a GPU visible
-        _attempt(order, "gloo, CUDA tensors",
-                 lambda: spawn(torch_powersgd_order, 1, "cuda", backend="gloo", timeout_s=120)[0])
+        _attempt(order, "gloo, CUDA tensors",  # hung in an earlier run: 60 s is ample for 4 steps
+                 lambda: spawn(torch_powersgd_order, 1, "cuda", backend="gloo", timeout_s=60)[0])
         _attempt(order, "gloo, CPU tensors",
                  lambda: spawn(torch_powersgd_order, 1, "cpu", backend="gloo", timeout_s=120)[0])
     out["torch_powersgd_order"] = order
@@ -519,18 +528,19 @@ def training_step(backend, quick):
     all-reduces then move nothing), three rounds, hooks taking turns; and the kernels each launches."""
     bench = replace(BENCH, steps=12) if quick else BENCH
     rounds = 1 if quick else 3
-    configs = [replace(bench, **h) for _ in range(rounds) for h in BENCH_HOOKS.values()]
+    every = BENCH_HOOKS | OTHER_HOOKS
+    configs = [replace(bench, **h) for _ in range(rounds) for h in every.values()]
     runs = spawn(train_several, 1, configs, backend=backend, timeout_s=300)[0]
     out = {}
-    for i, name in enumerate(BENCH_HOOKS):
-        mine = runs[i :: len(BENCH_HOOKS)]
+    for i, name in enumerate(every):
+        mine = runs[i :: len(every)]
         sent = mine[0].collectives_per_step(8, bench.steps)
         out[name] = {"compute_s": statistics.median(statistics.median(r.step_time_s[8:]) for r in mine),
                      "rounds_s": [statistics.median(r.step_time_s[8:]) for r in mine],
                      "collectives": len(sent), "bytes": round(sum(b for _, b in sent))}
-    profiled = spawn(profile_steps, 1, [replace(bench, **h) for h in BENCH_HOOKS.values()], backend=backend,
+    profiled = spawn(profile_steps, 1, [replace(bench, **h) for h in every.values()], backend=backend,
                      timeout_s=300)[0]
-    for name, prof in zip(BENCH_HOOKS, profiled):
+    for name, prof in zip(every, profiled):
         out[name] |= prof
     return out
 
