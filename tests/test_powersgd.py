@@ -183,6 +183,27 @@ def test_try_training_says_how_torchs_layerwise_hook_ends_with_many_buckets_on_g
         assert "collective mismatch" in layerwise.detail, layerwise.detail
     else:  # cut off at the timeout, not before (how long after depends on the machine: not checked)
         assert layerwise.seconds >= 10
+        waiting = [f for frames in layerwise.stacks.values() for f in frames if f.file == "powerSGD_hook.py"]
+        assert waiting and all(".wait()" in f.code for f in waiting), layerwise.stacks
+
+
+def test_torchs_layerwise_hook_can_hang_one_process_on_gloo():
+    # No second rank: torch's callbacks wait (.wait()) for the next all-reduce on one of gloo's two
+    # threads; with two buckets both threads can wait at once, for collectives only they could run.
+    # It happens in about half the runs here; 16 tries all finishing would happen once in 65,000.
+    tiny = TrainConfig(hidden=256, depth=2, lr=0.05, steps=10, start_powerSGD_iter=3, bucket_cap_mb=0.05,
+                       eval_every=1000)
+    for _ in range(16):
+        outcome = try_training(replace(tiny, hook="torch_powersgd"), world_size=1, timeout_s=10)
+        assert outcome.kind in ("finished", "hung"), outcome
+        if outcome.kind == "hung":
+            break
+    assert outcome.kind == "hung"
+    in_torch = [f for f in outcome.stacks[0] if f.file == "powerSGD_hook.py"]
+    assert len(in_torch) == 2 and all(".wait()" in f.code for f in in_torch), outcome.stacks
+    # with one bucket nothing can wait on the second thread: it finishes
+    one = try_training(replace(tiny, hook="torch_powersgd", bucket_cap_mb=100), world_size=1, timeout_s=30)
+    assert one.kind == "finished" and one.stacks == {}, one
 
 
 def test_torchs_batched_hook_fails_with_one_bucket_on_one_process():

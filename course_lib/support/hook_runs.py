@@ -9,6 +9,8 @@ Neither is the training loop: that is :func:`course_lib.train.ddp_train`, which 
 """
 
 import dataclasses
+import faulthandler
+import linecache
 import os
 import tempfile
 import time
@@ -25,24 +27,44 @@ from course_lib.launch import WorkerError, spawn
 from course_lib.support.digits import batch_slice, digits_tensors, mlp
 from course_lib.train import TrainConfig, ddp_train, make_hook, train_several
 
-__all__ = ["Outcome", "try_training", "hook_timeline"]
+__all__ = ["Frame", "Outcome", "try_training", "hook_timeline"]
+
+
+class Frame(NamedTuple):
+    """Where one thread of a hung worker was: its innermost Python frame, as ``faulthandler`` dumped it."""
+
+    function: str
+    file: str  # the file's name, without its folders
+    line: int
+    code: str  # that line of source, stripped ("" where the file cannot be read)
 
 
 class Outcome(NamedTuple):
     """How a run of :func:`try_training` ended: ``kind`` is ``"finished"``, ``"raised <ExceptionType>"``
-    (a worker raised), ``"crashed"`` (a worker process died) or ``"hung"`` (killed at the timeout)."""
+    (a worker raised), ``"crashed"`` (a worker process died) or ``"hung"`` (killed at the timeout).
+    For a hung run, ``stacks`` holds, per rank, where each of its threads was shortly before the
+    timeout (threads that were running Python; the innermost frame of each)."""
 
     kind: str
     seconds: float
     detail: str
+    stacks: dict = {}
 
 
-def _ddp_train_quietly(rank: int, world_size: int, config, stderr_dir: str):
+_stack_file = None  # the file faulthandler dumps into: kept open for as long as the worker runs
+
+
+def _ddp_train_quietly(rank: int, world_size: int, config, stderr_dir: str, stacks_after_s: float):
     # What a worker's C++ code writes before aborting goes to fd 2, which Jupyter shows in the cell
     # that started it; here it goes to a file that try_training reads.
     fd = os.open(os.path.join(stderr_dir, f"rank{rank}.txt"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(fd, 2)
     os.close(fd)
+    # A hang shows nothing: shortly before the timeout, every thread's Python stack goes to a file
+    # (what `py-spy dump` shows of a live process, from inside it)
+    global _stack_file
+    _stack_file = open(os.path.join(stderr_dir, f"rank{rank}.stacks"), "w")
+    faulthandler.dump_traceback_later(stacks_after_s, file=_stack_file)
     if isinstance(config, TrainConfig):
         return ddp_train(rank, world_size, config)
     return train_several(rank, world_size, config)
@@ -58,12 +80,17 @@ def try_training(config: TrainConfig | list[TrainConfig], world_size: int = 2, t
     (``"finished"`` when all did; else how the first failure ended).
     """
     start = time.monotonic()
+    stacks = {}
     with tempfile.TemporaryDirectory() as stderr_dir:
         try:
-            spawn(_ddp_train_quietly, world_size, config, stderr_dir, backend="gloo", timeout_s=timeout_s)
+            # the stacks are dumped a little before the timeout, measured from the workers' start
+            spawn(_ddp_train_quietly, world_size, config, stderr_dir, 0.8 * timeout_s, backend="gloo",
+                  timeout_s=timeout_s)
             kind, detail = "finished", ""
         except TimeoutError as e:
             kind, detail = "hung", str(e).split(";")[0]
+            stacks = {rank: _innermost_frames(os.path.join(stderr_dir, f"rank{rank}.stacks"))
+                      for rank in range(world_size)}
         except WorkerError as e:
             kind = "crashed" if e.exc_type == "ProcessExited" else f"raised {e.exc_type}"
             frames = [ln.strip() for ln in e.worker_traceback.splitlines() if ln.strip().startswith("File ")]
@@ -73,7 +100,23 @@ def try_training(config: TrainConfig | list[TrainConfig], world_size: int = 2, t
                 with open(os.path.join(stderr_dir, f"rank{e.rank}.txt"), errors="replace") as fh:
                     last = [ln.strip() for ln in fh if ln.strip()][-1:]
                 detail = f"rank {e.rank} died" + (f"; its stderr: {last[0]}" if last else "")
-    return Outcome(kind, time.monotonic() - start, detail)
+    return Outcome(kind, time.monotonic() - start, detail, stacks)
+
+
+def _innermost_frames(path: str) -> list[Frame]:
+    """Each dumped thread's innermost frame (faulthandler writes "most recent call first")."""
+    frames, fresh = [], False
+    with open(path, errors="replace") as fh:
+        for line in fh:
+            if line.startswith(("Thread ", "Current thread ")):
+                fresh = True
+            elif fresh and line.strip().startswith("File "):
+                fresh = False
+                file, rest = line.strip()[len('File "'):].split('", line ', 1)
+                number, function = rest.split(" in ", 1)
+                code = linecache.getline(file, int(number)).strip()
+                frames.append(Frame(function.strip(), os.path.basename(file), int(number), code))
+    return frames
 
 
 def hook_timeline(rank: int, world_size: int, config: TrainConfig,
