@@ -3,6 +3,8 @@ and the package docstring is a map of every module."""
 
 import ast
 import pkgutil
+import subprocess
+import sys
 from pathlib import Path
 
 import course_lib
@@ -60,3 +62,19 @@ def test_the_package_docstring_names_every_module():
     doc = course_lib.__doc__
     missing = [name for name in _modules() if name != "course_lib" and f"``{name.split('.', 1)[1]}``" not in doc]
     assert missing == []
+
+
+def test_the_training_script_needs_no_jupyter():
+    # torchrun -m course_lib.train on a GPU machine without Jupyter (as benchmarks/gpu_check.py ran):
+    # importing the package's training side must not need IPython or ipywidgets
+    blocker = ("import sys, importlib.abc\n"
+               "class Block(importlib.abc.MetaPathFinder):\n"
+               "    def find_spec(self, name, path, target=None):\n"
+               "        if name.split('.')[0] in ('IPython', 'ipywidgets', 'ipykernel'):\n"
+               "            raise ImportError('no ' + name + ' here')\n"
+               "sys.meta_path.insert(0, Block())\n"
+               "import course_lib.train, course_lib.support.hook_runs, course_lib.support.progress\n"
+               "from course_lib.support.progress import progress_bar\n"
+               "bar = progress_bar(total=2)\nbar.update(2)\nbar.close()\nprint('imported')\n")
+    run = subprocess.run([sys.executable, "-c", blocker], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "imported" in run.stdout, run.stderr[-2000:]
