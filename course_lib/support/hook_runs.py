@@ -54,17 +54,17 @@ class Outcome(NamedTuple):
 _stack_file = None  # the file faulthandler dumps into: kept open for as long as the worker runs
 
 
-def _ddp_train_quietly(rank: int, world_size: int, config, stderr_dir: str, stacks_after_s: float):
+def _ddp_train_quietly(rank: int, world_size: int, config, stderr_dir: str, stacks_every_s: float = 1.0):
     # What a worker's C++ code writes before aborting goes to fd 2, which Jupyter shows in the cell
     # that started it; here it goes to a file that try_training reads.
     fd = os.open(os.path.join(stderr_dir, f"rank{rank}.txt"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(fd, 2)
     os.close(fd)
-    # A hang shows nothing: shortly before the timeout, every thread's Python stack goes to a file
-    # (what `py-spy dump` shows of a live process, from inside it)
+    # A hang shows nothing: every second, every thread's Python stack goes to a file (what `py-spy dump`
+    # shows of a live process, from inside it); try_training reads the last whole dump of a hung run
     global _stack_file
     _stack_file = open(os.path.join(stderr_dir, f"rank{rank}.stacks"), "w")
-    faulthandler.dump_traceback_later(stacks_after_s, file=_stack_file)
+    faulthandler.dump_traceback_later(stacks_every_s, repeat=True, file=_stack_file)
     if isinstance(config, TrainConfig):
         return ddp_train(rank, world_size, config)
     return train_several(rank, world_size, config)
@@ -83,9 +83,7 @@ def try_training(config: TrainConfig | list[TrainConfig], world_size: int = 2, t
     stacks = {}
     with tempfile.TemporaryDirectory() as stderr_dir:
         try:
-            # the stacks are dumped a little before the timeout, measured from the workers' start
-            spawn(_ddp_train_quietly, world_size, config, stderr_dir, 0.8 * timeout_s, backend="gloo",
-                  timeout_s=timeout_s)
+            spawn(_ddp_train_quietly, world_size, config, stderr_dir, backend="gloo", timeout_s=timeout_s)
             kind, detail = "finished", ""
         except TimeoutError as e:
             kind, detail = "hung", str(e).split(";")[0]
@@ -104,18 +102,22 @@ def try_training(config: TrainConfig | list[TrainConfig], world_size: int = 2, t
 
 
 def _innermost_frames(path: str) -> list[Frame]:
-    """Each dumped thread's innermost frame (faulthandler writes "most recent call first")."""
-    frames, fresh = [], False
+    """Each thread's innermost frame (faulthandler writes "most recent call first") in the last whole
+    dump of the file: the one before the last, which the worker's end may have cut short."""
     with open(path, errors="replace") as fh:
-        for line in fh:
-            if line.startswith(("Thread ", "Current thread ")):
-                fresh = True
-            elif fresh and line.strip().startswith("File "):
-                fresh = False
-                file, rest = line.strip()[len('File "'):].split('", line ', 1)
-                number, function = rest.split(" in ", 1)
-                code = linecache.getline(file, int(number)).strip()
-                frames.append(Frame(function.strip(), os.path.basename(file), int(number), code))
+        dumps = fh.read().split("Timeout (")[1:]
+    if not dumps:
+        return []
+    frames, fresh = [], False
+    for line in (dumps[-2] if len(dumps) > 1 else dumps[-1]).splitlines():
+        if line.startswith(("Thread ", "Current thread ")):
+            fresh = True
+        elif fresh and line.strip().startswith("File "):
+            fresh = False
+            file, rest = line.strip()[len('File "'):].split('", line ', 1)
+            number, function = rest.split(" in ", 1)
+            code = linecache.getline(file, int(number)).strip()
+            frames.append(Frame(function.strip(), os.path.basename(file), int(number), code))
     return frames
 
 
