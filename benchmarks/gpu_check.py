@@ -20,8 +20,10 @@ notebooks read (always labelled with the device it was measured on):
     PYTHONPATH=. python benchmarks/gpu_check.py [--out benchmarks/results/gpu_check.json]
     PYTHONPATH=. python benchmarks/gpu_check.py --dry-run --out /tmp/gpu_check.json   # no GPU: gloo, CPU
 
-Each section runs on its own; one that fails is recorded with its error and the rest go on. The file
-is rewritten after every section, so a run cut short keeps what it finished. ``--dry-run`` runs every
+Each section runs on its own; one that fails is recorded with its error and the rest go on. A
+section's ``ok`` says that it ran to its end; inside it, each check that failed has its own ``ok:
+false`` and error (torch's hook failing off NCCL is such a finding, not a failure of this script). The
+file is rewritten after every section, so a run cut short keeps what it finished. ``--dry-run`` runs every
 section on the CPU over gloo with small sizes: a check of this script on a machine without a GPU.
 """
 
@@ -177,8 +179,8 @@ def sharded_cuda(rank, world_size, device_kind, steps=3, hidden=256):
         row = {"ledger": ledger, "params": {n: p.cpu() for n, p in model.gathered_parameters().items()}}
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-            row["cuda_allocated_bytes"] = torch.cuda.memory_allocated(device) - before
-            row["cuda_peak_bytes"] = torch.cuda.max_memory_allocated(device) - before
+            row["cuda_allocated_bytes"] = torch.cuda.memory_allocated(device) - before  # after the last step
+            row["cuda_peak_bytes"] = torch.cuda.max_memory_allocated(device) - before  # since the model was built
         out[f"stage {stage}"] = row
         del model, opt
     # ZeRO-1 as torch's ZeroRedundancyOptimizer: the course's ShardedOptimizer under DDP
@@ -313,6 +315,10 @@ def environment(device):
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
         env |= {"device": torch.cuda.get_device_name(device), "gpus": torch.cuda.device_count(),
+                # PyTorch's defaults, left as they are: float32 matrix products in full float32, cuDNN's
+                # convolutions in TF32 (the ResNet-18 step below)
+                "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+                "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
                 "multiprocessors": p.multi_processor_count, "memory_GiB": round(p.total_memory / 2**30, 1),
                 "nccl": ".".join(map(str, torch.cuda.nccl.version()))}
         try:
@@ -366,7 +372,9 @@ def _torchrun(backend):
 def _sweep(backend, quick):
     sizes = [4096 * 4**k for k in range(5 if quick else 9)]
     res = spawn(sweep, 1, ("all_reduce", "broadcast"), sizes, 20, 5, "nccl-tests", backend=backend, timeout_s=300)[0]
-    return {k: res[k] for k in ("backend", "device", "world_size", "all_reduce", "broadcast")}
+    kept = {k: res[k] for k in ("backend", "device", "world_size", "all_reduce", "broadcast")}
+    return {"note": "world size 1: nothing moves; time_s is the cost of a call, and algbw (bytes / time) is no "
+                    "bandwidth here", **kept}
 
 
 def _accumulation(backend):
@@ -468,7 +476,7 @@ def timings(device, quick):
     mats = [torch.randn(n, m, generator=g).to(device) for n, m in _matrices(shapes)]
     if quick:
         mats = mats[:4]
-    rn = {"matrices": len(mats), "numbers": sum(M.numel() for M in mats)}
+    rn = {"matrices": len(mats), "numbers": sum(M.numel() for M in mats), "what": "random matrices of its shapes"}
     rn["svd_s"] = median_seconds(lambda: [torch.linalg.svd(M, full_matrices=False) for M in mats], 3,
                                  once_above_s=1.0, device=device)
     rn["svd_lowrank_s"] = median_seconds(lambda: [torch.svd_lowrank(M, q=2, niter=2) for M in mats], 5, device=device)
