@@ -16,6 +16,8 @@ take an optional ``group`` (ranks are then the group's ranks). Every rank must p
 same shape and dtype (and name the same root); with ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` they check it.
 """
 
+import functools
+import inspect
 import os
 import threading
 
@@ -84,24 +86,36 @@ def _check_ranks_agree(tensor: torch.Tensor, group, roots: dict) -> None:
 
 
 def _on_host(tensor: torch.Tensor, group) -> bool:
-    """Whether ``tensor`` must travel through a copy in host memory: gloo's point-to-point messages
-    read and write host memory only (given a CUDA tensor's address, its socket fails with "writev:
-    Bad address" and the process aborts), while its collectives stage CUDA tensors themselves. NCCL
-    sends CUDA tensors as they are."""
+    """Whether ``tensor`` must travel through a copy in host memory: a CUDA tensor over gloo."""
     return tensor.is_cuda and dist.get_backend(group) == "gloo"
 
 
-def _send(tensor: torch.Tensor, dst: int, group) -> None:
-    dist.send(tensor.cpu() if _on_host(tensor, group) else tensor, dst=dst, group=group)
+def _through_host_memory(collective):
+    """gloo's point-to-point messages read and write host memory only: given a CUDA tensor's address,
+    its socket fails ("writev: Bad address") and the process aborts. (Its collectives copy CUDA
+    tensors themselves; NCCL sends them as they are.) So over gloo a collective of this module runs on
+    a copy of a CUDA tensor in host memory, and the result is copied back; on CPU tensors, and under
+    NCCL, it runs as written."""
+    signature = inspect.signature(collective)
 
+    @functools.wraps(collective)
+    def run(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        tensor = bound.arguments["tensor"]
+        if not isinstance(tensor, torch.Tensor) or not _on_host(tensor, bound.arguments.get("group")):
+            return collective(*args, **kwargs)
+        host = tensor.to("cpu", copy=True)  # a copy also where the tensor is on the CPU already (tests)
+        bound.arguments["tensor"] = host
+        result = collective(*bound.args, **bound.kwargs)
+        tensor.copy_(host)
+        if result is host:
+            return tensor
+        if result.untyped_storage().data_ptr() == host.untyped_storage().data_ptr():  # a view of the copy
+            start = result.storage_offset() - host.storage_offset()
+            return tensor.view(-1)[start:start + result.numel()].view(result.shape)
+        return result.to(tensor.device)
 
-def _recv(tensor: torch.Tensor, src: int, group) -> None:
-    if not _on_host(tensor, group):
-        dist.recv(tensor, src=src, group=group)
-        return
-    host = torch.empty(tensor.shape, dtype=tensor.dtype)
-    dist.recv(host, src=src, group=group)
-    tensor.copy_(host)
+    return run
 
 
 def _check_root(name: str, root, size: int) -> int:
@@ -111,6 +125,7 @@ def _check_root(name: str, root, size: int) -> int:
     return root
 
 
+@_through_host_memory
 def naive_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
     """Sum ``tensor`` over all ranks, in place, through rank 0: p - 1 receives, then p - 1 sends."""
     flat = _check(tensor, group)
@@ -120,18 +135,19 @@ def naive_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
     if rank == 0:
         incoming = torch.empty_like(flat)
         for peer in range(1, size):
-            _recv(incoming, _global(group, peer), group)
+            dist.recv(incoming, src=_global(group, peer), group=group)
             flat.add_(incoming)
         for peer in range(1, size):
-            _send(flat, _global(group, peer), group)
+            dist.send(flat, dst=_global(group, peer), group=group)
             sent.add(flat)
     else:
-        _send(flat, _global(group, 0), group)
+        dist.send(flat, dst=_global(group, 0), group=group)
         sent.add(flat)
-        _recv(flat, _global(group, 0), group)
+        dist.recv(flat, src=_global(group, 0), group=group)
     return tensor
 
 
+@_through_host_memory
 def tree_broadcast(tensor: torch.Tensor, src: int = 0, group=None) -> torch.Tensor:
     """Copy ``src``'s tensor to every rank along a binomial tree, in ceil(log2 p) rounds."""
     rank, size = _rank_size(group)
@@ -142,19 +158,20 @@ def tree_broadcast(tensor: torch.Tensor, src: int = 0, group=None) -> torch.Tens
     mask = 1
     while mask < size:
         if vrank & mask:
-            _recv(flat, _global(group, (vrank - mask + src) % size), group)
+            dist.recv(flat, src=_global(group, (vrank - mask + src) % size), group=group)
             break
         mask <<= 1
     # ...then pass it on to the ranks below that bit, largest subtree first.
     mask >>= 1
     while mask > 0:
         if vrank + mask < size:
-            _send(flat, _global(group, (vrank + mask + src) % size), group)
+            dist.send(flat, dst=_global(group, (vrank + mask + src) % size), group=group)
             sent.add(flat)
         mask >>= 1
     return tensor
 
 
+@_through_host_memory
 def tree_reduce(tensor: torch.Tensor, dst: int = 0, group=None) -> torch.Tensor:
     """Sum every rank's tensor into ``dst``'s, along a binomial tree (broadcast's mirror image).
 
@@ -168,13 +185,13 @@ def tree_reduce(tensor: torch.Tensor, dst: int = 0, group=None) -> torch.Tensor:
     mask = 1
     while mask < size:
         if vrank & mask:
-            _send(flat, _global(group, (vrank - mask + dst) % size), group)
+            dist.send(flat, dst=_global(group, (vrank - mask + dst) % size), group=group)
             sent.add(flat)
             break
         if vrank + mask < size:
             if incoming is None:
                 incoming = torch.empty_like(flat)
-            _recv(incoming, _global(group, (vrank + mask + dst) % size), group)
+            dist.recv(incoming, src=_global(group, (vrank + mask + dst) % size), group=group)
             flat.add_(incoming)
         mask <<= 1
     return tensor
@@ -184,19 +201,16 @@ def _exchange(send_buf, send_to, recv_buf, recv_from, group):
     """Send and receive at once. Posting both before waiting on either is what avoids the
     deadlock of a ring in which every rank first blocks in ``send``."""
     works = []
-    host = _on_host(recv_buf, group)  # CUDA tensors over gloo: through host memory (_on_host)
-    landing = torch.empty(recv_buf.shape, dtype=recv_buf.dtype) if host else recv_buf
     if recv_buf.numel():  # lengths are equal on every rank, so both ends skip empty chunks alike
-        works.append(dist.irecv(landing, src=recv_from, group=group))
+        works.append(dist.irecv(recv_buf, src=recv_from, group=group))
     if send_buf.numel():
-        works.append(dist.isend(send_buf.cpu() if host else send_buf, dst=send_to, group=group))
+        works.append(dist.isend(send_buf, dst=send_to, group=group))
         sent.add(send_buf)
     for work in works:
         work.wait()
-    if host and recv_buf.numel():
-        recv_buf.copy_(landing)
 
 
+@_through_host_memory
 def ring_all_reduce(tensor: torch.Tensor, group=None, trace: list | None = None) -> torch.Tensor:
     """Sum ``tensor`` over all ranks, in place: reduce-scatter then all-gather around a ring.
 
@@ -228,6 +242,7 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, trace: list | None = None)
     return tensor
 
 
+@_through_host_memory
 def ring_reduce_scatter(tensor: torch.Tensor, group=None) -> torch.Tensor:
     """The first half of the ring all-reduce, on its own: afterwards this rank's chunk of ``tensor``
     (``tensor.view(-1).tensor_split(p)[rank]``) holds the sum over ranks, and is returned (a view).
@@ -251,6 +266,7 @@ def ring_reduce_scatter(tensor: torch.Tensor, group=None) -> torch.Tensor:
     return chunks[rank]
 
 
+@_through_host_memory
 def ring_all_gather(tensor: torch.Tensor, group=None) -> torch.Tensor:
     """The second half of the ring all-reduce, on its own: every rank brings its own chunk of
     ``tensor`` (chunk ``rank`` of ``tensor.view(-1).tensor_split(p)``); afterwards every rank holds
@@ -267,6 +283,7 @@ def ring_all_gather(tensor: torch.Tensor, group=None) -> torch.Tensor:
     return tensor
 
 
+@_through_host_memory
 def ring_shift(tensor: torch.Tensor, group=None) -> torch.Tensor:
     """Pass ``tensor`` one place to the right around the ring; return what came from the left."""
     rank, size = _rank_size(group)
@@ -275,6 +292,7 @@ def ring_shift(tensor: torch.Tensor, group=None) -> torch.Tensor:
     return received
 
 
+@_through_host_memory
 def blocking_ring_shift(tensor: torch.Tensor, group=None) -> torch.Tensor:
     """The deadlock of notebook 02: every rank sends first, then receives.
 
@@ -283,8 +301,8 @@ def blocking_ring_shift(tensor: torch.Tensor, group=None) -> torch.Tensor:
     """
     rank, size = _rank_size(group)
     received = torch.empty_like(tensor)
-    _send(tensor, _global(group, (rank + 1) % size), group)
-    _recv(received, _global(group, (rank - 1) % size), group)
+    dist.send(tensor, dst=_global(group, (rank + 1) % size), group=group)
+    dist.recv(received, src=_global(group, (rank - 1) % size), group=group)
     return received
 
 

@@ -115,6 +115,10 @@ def through_host_memory(rank, world_size):
         mine = x.clone()
         fn(mine)
         out[name] = torch.allclose(mine, expected, atol=1e-6)
+    rs = x.clone()
+    chunk = C.ring_reduce_scatter(rs)  # a view of rs, as on the CPU, holding this rank's part of the sum
+    out["reduce_scatter"] = (torch.allclose(chunk, expected.tensor_split(world_size)[rank], atol=1e-6)
+                             and chunk.untyped_storage().data_ptr() == rs.untyped_storage().data_ptr())
     y = torch.full((5,), float(rank))
     C.tree_broadcast(y, src=world_size - 1)
     out["broadcast"] = torch.equal(y, torch.full((5,), float(world_size - 1)))

@@ -13,6 +13,7 @@ import faulthandler
 import linecache
 import os
 import tempfile
+import threading
 import time
 from typing import NamedTuple
 
@@ -27,7 +28,7 @@ from course_lib.launch import WorkerError, spawn
 from course_lib.support.digits import batch_slice, digits_tensors, mlp
 from course_lib.train import TrainConfig, ddp_train, make_hook, train_several
 
-__all__ = ["Frame", "Outcome", "try_training", "hook_timeline"]
+__all__ = ["Frame", "Outcome", "try_training", "try_worker", "callbacks_that_wait", "hook_timeline"]
 
 
 class Frame(NamedTuple):
@@ -54,17 +55,21 @@ class Outcome(NamedTuple):
 _stack_file = None  # the file faulthandler dumps into: kept open for as long as the worker runs
 
 
-def _ddp_train_quietly(rank: int, world_size: int, config, stderr_dir: str, stacks_every_s: float = 1.0):
+def _quietly(rank: int, world_size: int, fn, stderr_dir: str, args: tuple, stacks_every_s: float = 1.0):
     # What a worker's C++ code writes before aborting goes to fd 2, which Jupyter shows in the cell
-    # that started it; here it goes to a file that try_training reads.
+    # that started it; here it goes to a file that try_worker reads.
     fd = os.open(os.path.join(stderr_dir, f"rank{rank}.txt"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(fd, 2)
     os.close(fd)
     # A hang shows nothing: every second, every thread's Python stack goes to a file (what `py-spy dump`
-    # shows of a live process, from inside it); try_training reads the last whole dump of a hung run
+    # shows of a live process, from inside it); try_worker reads the last whole dump of a hung run
     global _stack_file
     _stack_file = open(os.path.join(stderr_dir, f"rank{rank}.stacks"), "w")
     faulthandler.dump_traceback_later(stacks_every_s, repeat=True, file=_stack_file)
+    return fn(rank, world_size, *args)
+
+
+def _train(rank: int, world_size: int, config):
     if isinstance(config, TrainConfig):
         return ddp_train(rank, world_size, config)
     return train_several(rank, world_size, config)
@@ -74,16 +79,23 @@ def try_training(config: TrainConfig | list[TrainConfig], world_size: int = 2, t
     """Train ``config`` on ``world_size`` gloo processes and say how it ended, instead of raising.
 
     For hooks that may crash, hang or raise (torch's layer-wise PowerSGD hook with several buckets on
-    gloo; its batched hook, which raises anywhere): a hang is cut off after ``timeout_s`` seconds and
-    reported as ``"hung"``; what a crashed worker wrote to its stderr before dying ends up in
-    ``detail``. A list of configs is trained one after another in the same processes
-    (``"finished"`` when all did; else how the first failure ended).
+    gloo; its batched hook, which raises anywhere): see :func:`try_worker`. A list of configs is
+    trained one after another in the same processes (``"finished"`` when all did; else how the first
+    failure ended).
     """
+    return try_worker(_train, world_size, config, timeout_s=timeout_s)
+
+
+def try_worker(fn, world_size: int, *args, timeout_s: float = 10.0) -> Outcome:
+    """Run worker ``fn(rank, world_size, *args)`` on ``world_size`` gloo processes and say how it ended,
+    instead of raising: a hang is cut off after ``timeout_s`` seconds and reported as ``"hung"``, with
+    where each rank's threads were (``Outcome.stacks``); what a crashed worker wrote to its stderr
+    before dying ends up in ``detail``."""
     start = time.monotonic()
     stacks = {}
     with tempfile.TemporaryDirectory() as stderr_dir:
         try:
-            spawn(_ddp_train_quietly, world_size, config, stderr_dir, backend="gloo", timeout_s=timeout_s)
+            spawn(_quietly, world_size, fn, stderr_dir, args, backend="gloo", timeout_s=timeout_s)
             kind, detail = "finished", ""
         except TimeoutError as e:
             kind, detail = "hung", str(e).split(";")[0]
@@ -99,6 +111,26 @@ def try_training(config: TrainConfig | list[TrainConfig], world_size: int = 2, t
                     last = [ln.strip() for ln in fh if ln.strip()][-1:]
                 detail = f"rank {e.rank} died" + (f"; its stderr: {last[0]}" if last else "")
     return Outcome(kind, time.monotonic() - start, detail, stacks)
+
+
+def callbacks_that_wait(rank: int, world_size: int, in_flight: int = 2) -> list[str]:
+    """Worker: torch's PowerSGD hook's pattern alone. ``in_flight`` all-reduces at once; the callback of
+    each one's future issues another all-reduce and waits for it. Rank 1 joins a second late, so that
+    rank 0's callbacks are attached before their all-reduces can finish, and run on gloo's threads.
+    Returns the threads the callbacks ran on."""
+    ran_on = []
+
+    def callback(fut):
+        dist.all_reduce(torch.ones(1), async_op=True).get_future().wait()
+        ran_on.append(threading.current_thread().name)
+        return fut.value()
+
+    if rank == 1:
+        time.sleep(1.0)
+    futures = [dist.all_reduce(torch.ones(4), async_op=True).get_future().then(callback) for _ in range(in_flight)]
+    for future in futures:
+        future.wait()
+    return ran_on
 
 
 def _innermost_frames(path: str) -> list[Frame]:
