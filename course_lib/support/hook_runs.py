@@ -12,6 +12,7 @@ import dataclasses
 import faulthandler
 import linecache
 import os
+import signal
 import tempfile
 import threading
 import time
@@ -55,18 +56,30 @@ class Outcome(NamedTuple):
 _stack_file = None  # the file faulthandler dumps into: kept open for as long as the worker runs
 
 
-def _quietly(rank: int, world_size: int, fn, stderr_dir: str, args: tuple, stacks_every_s: float = 1.0):
+def _quietly(rank: int, world_size: int, fn, stderr_dir: str, args: tuple):
     # What a worker's C++ code writes before aborting goes to fd 2, which Jupyter shows in the cell
     # that started it; here it goes to a file that try_worker reads.
     fd = os.open(os.path.join(stderr_dir, f"rank{rank}.txt"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(fd, 2)
     os.close(fd)
-    # A hang shows nothing: every second, every thread's Python stack goes to a file (what `py-spy dump`
-    # shows of a live process, from inside it); try_worker reads the last whole dump of a hung run
+    # A hang shows nothing: on SIGUSR1, which try_worker sends shortly before its timeout, every thread's
+    # Python stack goes to a file (what `py-spy dump` shows of a live process, from inside it)
     global _stack_file
     _stack_file = open(os.path.join(stderr_dir, f"rank{rank}.stacks"), "w")
-    faulthandler.dump_traceback_later(stacks_every_s, repeat=True, file=_stack_file)
+    faulthandler.register(signal.SIGUSR1, file=_stack_file, all_threads=True)
+    with open(os.path.join(stderr_dir, f"rank{rank}.pid"), "w") as fh:
+        fh.write(str(os.getpid()))
     return fn(rank, world_size, *args)
+
+
+def _ask_for_stacks(stderr_dir: str, world_size: int) -> None:
+    """Signal every worker that wrote its pid to dump its threads' stacks (see :func:`_quietly`)."""
+    for rank in range(world_size):
+        try:
+            with open(os.path.join(stderr_dir, f"rank{rank}.pid")) as fh:
+                os.kill(int(fh.read()), signal.SIGUSR1)
+        except (OSError, ValueError):  # not started yet, or already gone
+            pass
 
 
 def _train(rank: int, world_size: int, config):
@@ -94,6 +107,9 @@ def try_worker(fn, world_size: int, *args, timeout_s: float = 10.0) -> Outcome:
     start = time.monotonic()
     stacks = {}
     with tempfile.TemporaryDirectory() as stderr_dir:
+        # a second before the timeout (at least half of it in), the workers still running dump their stacks
+        asking = threading.Timer(max(timeout_s / 2, timeout_s - 1.0), _ask_for_stacks, (stderr_dir, world_size))
+        asking.start()
         try:
             spawn(_quietly, world_size, fn, stderr_dir, args, backend="gloo", timeout_s=timeout_s)
             kind, detail = "finished", ""
@@ -110,6 +126,8 @@ def try_worker(fn, world_size: int, *args, timeout_s: float = 10.0) -> Outcome:
                 with open(os.path.join(stderr_dir, f"rank{e.rank}.txt"), errors="replace") as fh:
                     last = [ln.strip() for ln in fh if ln.strip()][-1:]
                 detail = f"rank {e.rank} died" + (f"; its stderr: {last[0]}" if last else "")
+        finally:
+            asking.cancel()
     return Outcome(kind, time.monotonic() - start, detail, stacks)
 
 
@@ -134,14 +152,14 @@ def callbacks_that_wait(rank: int, world_size: int, in_flight: int = 2) -> list[
 
 
 def _innermost_frames(path: str) -> list[Frame]:
-    """Each thread's innermost frame (faulthandler writes "most recent call first") in the last whole
-    dump of the file: the one before the last, which the worker's end may have cut short."""
-    with open(path, errors="replace") as fh:
-        dumps = fh.read().split("Timeout (")[1:]
-    if not dumps:
+    """Each dumped thread's innermost frame (faulthandler writes "most recent call first")."""
+    try:
+        with open(path, errors="replace") as fh:
+            dump = fh.read()
+    except FileNotFoundError:  # the worker never started
         return []
     frames, fresh = [], False
-    for line in (dumps[-2] if len(dumps) > 1 else dumps[-1]).splitlines():
+    for line in dump.splitlines():
         if line.startswith(("Thread ", "Current thread ")):
             fresh = True
         elif fresh and line.strip().startswith("File "):
