@@ -133,19 +133,23 @@ def try_worker(fn, world_size: int, *args, timeout_s: float = 10.0) -> Outcome:
 
 def callbacks_that_wait(rank: int, world_size: int, in_flight: int = 2) -> list[str]:
     """Worker: torch's PowerSGD hook's pattern alone. ``in_flight`` all-reduces at once; the callback of
-    each one's future issues another all-reduce and waits for it. Rank 1 joins a second late, so that
-    rank 0's callbacks are attached before their all-reduces can finish, and run on gloo's threads.
-    Returns the threads the callbacks ran on."""
+    each one's future issues another all-reduce and waits for it. Rank 1 issues its all-reduces only
+    once rank 0 has attached its callbacks (a barrier on a second group, which has threads of its own),
+    so rank 0's all-reduces cannot finish before their callbacks are attached, and rank 0's callbacks
+    run on gloo's threads, however loaded the machine. Returns the threads the callbacks ran on."""
     ran_on = []
+    side = dist.new_group(backend="gloo")
 
     def callback(fut):
         dist.all_reduce(torch.ones(1), async_op=True).get_future().wait()
         ran_on.append(threading.current_thread().name)
         return fut.value()
 
-    if rank == 1:
-        time.sleep(1.0)
+    if rank != 0:
+        dist.barrier(group=side)
     futures = [dist.all_reduce(torch.ones(4), async_op=True).get_future().then(callback) for _ in range(in_flight)]
+    if rank == 0:
+        dist.barrier(group=side)
     for future in futures:
         future.wait()
     return ran_on
