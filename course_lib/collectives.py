@@ -95,14 +95,17 @@ def _through_host_memory(collective):
     its socket fails ("writev: Bad address") and the process aborts. (Its collectives copy CUDA
     tensors themselves; NCCL sends them as they are.) So over gloo a collective of this module runs on
     a copy of a CUDA tensor in host memory, and the result is copied back; on CPU tensors, and under
-    NCCL, it runs as written."""
+    NCCL, it runs as written. On a rank outside ``group`` a collective returns the tensor untouched at
+    once, as torch's collectives do there (they return None)."""
     signature = inspect.signature(collective)
 
     @functools.wraps(collective)
     def run(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
-        tensor = bound.arguments["tensor"]
-        if not isinstance(tensor, torch.Tensor) or not _on_host(tensor, bound.arguments.get("group")):
+        tensor, group = bound.arguments["tensor"], bound.arguments.get("group")
+        if group is not None and dist.get_rank(group) < 0:  # not a member of the group
+            return tensor
+        if not isinstance(tensor, torch.Tensor) or not _on_host(tensor, group):
             return collective(*args, **kwargs)
         host = tensor.to("cpu", copy=True)  # a copy also where the tensor is on the CPU already (tests)
         bound.arguments["tensor"] = host

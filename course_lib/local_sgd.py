@@ -23,6 +23,7 @@ counts its bytes in ``collectives.sent``. Gradients under post-local SGD's warm-
 hook with torch's all-reduce, as torch's hook does (counted in ``hooks.traffic``).
 """
 
+import warnings
 from collections.abc import Callable, Iterable
 
 import torch
@@ -35,9 +36,9 @@ __all__ = ["average_parameters", "PeriodicModelAverager", "PostLocalSGDState", "
            "PostLocalSGDOptimizer", "DiLoCo"]
 
 
-def _tensors(params) -> list[torch.Tensor]:
-    """The parameters in ``params`` (parameters, or an optimizer's parameter groups) that have a
-    gradient: torch's averager leaves the others alone (a frozen layer is the same on every rank)."""
+def _tensors(params, with_grad_only: bool) -> list[torch.Tensor]:
+    """The parameters in ``params`` (parameters, or an optimizer's parameter groups); with
+    ``with_grad_only``, those that have a gradient (a frozen layer is the same on every rank)."""
     out = []
     for item in params:
         if isinstance(item, torch.Tensor):
@@ -47,14 +48,20 @@ def _tensors(params) -> list[torch.Tensor]:
         else:
             raise TypeError(f"params must be parameters or parameter groups (dicts with 'params'), "
                             f"got an item of type {type(item).__name__}")
-        out += [p for p in group if p.grad is not None]
+        out += [p for p in group if p.grad is not None or not with_grad_only]
     return out
 
 
 @torch.no_grad()
-def average_parameters(params, group=None) -> None:
-    """Replace each parameter by its mean over the ranks: one ring all-reduce of all of them, flat."""
-    tensors = _tensors(params)
+def average_parameters(params, group=None, with_grad_only: bool = False) -> None:
+    """Replace each parameter by its mean over the ranks: one ring all-reduce of all of them, flat.
+
+    Every parameter given is averaged, as by torch's ``model_averaging.utils.average_parameters``;
+    ``with_grad_only`` skips those without a gradient, as torch's averagers do. A rank outside
+    ``group`` returns at once, as it does from torch's collectives."""
+    if group is not None and dist.get_rank(group) < 0:
+        return
+    tensors = _tensors(params, with_grad_only)
     if not tensors:
         return
     flat = torch.cat([p.reshape(-1) for p in tensors])
@@ -71,6 +78,7 @@ class PeriodicModelAverager:
 
     ``average_parameters(params)`` is called after every optimizer step; it averages when
     ``step >= warmup_steps`` and ``(step - warmup_steps) % period == 0``, then adds 1 to ``step``.
+    Parameters without a gradient are left alone, as torch's averager leaves them.
     """
 
     def __init__(self, period: int, warmup_steps: int = 0, process_group=None):
@@ -81,7 +89,7 @@ class PeriodicModelAverager:
 
     def average_parameters(self, params: Iterable) -> None:
         if self.step >= self.warmup_steps and (self.step - self.warmup_steps) % self.period == 0:
-            average_parameters(params, self.process_group)
+            average_parameters(params, self.process_group, with_grad_only=True)
         self.step += 1
 
 
@@ -142,7 +150,12 @@ class PostLocalSGDOptimizer(torch.optim.Optimizer):
         return {**self.optim.state_dict(), "step": self.averager.step}
 
     def load_state_dict(self, state_dict: dict) -> None:
+        """The local optimizer's state, and the averager's step; without a ``"step"`` (a plain
+        optimizer's state dict), a warning, and the averager starts again at step 0, as torch's."""
         state_dict = dict(state_dict)
+        if "step" not in state_dict:
+            warnings.warn("Loaded state dict does not contain a step counter for an averager. "
+                          "Setting step counter to 0.", stacklevel=2)
         self.averager.step = state_dict.pop("step", 0)
         self.optim.load_state_dict(state_dict)
 

@@ -33,6 +33,7 @@ Both move their bytes with the course's own collectives (``collectives.ring_redu
 
 from __future__ import annotations
 
+import copy
 import math
 import threading
 import time
@@ -140,8 +141,8 @@ def memory_ledger(model: nn.Module, optimizer: torch.optim.Optimizer | None = No
         params += [unit.full for unit in model.units]
     state = []
     if optimizer is not None:
-        inner = optimizer.local if isinstance(optimizer, ShardedOptimizer) else optimizer
-        state = [t for s in (inner.state.values() if inner is not None else ()) for t in s.values()
+        inner = optimizer.optim if isinstance(optimizer, ShardedOptimizer) else optimizer
+        state = [t for s in inner.state.values() for t in s.values()
                  if torch.is_tensor(t)]
     ledger = {"parameters": storage_bytes(params), "gradients": storage_bytes(p.grad for p in params),
               "optimizer state": storage_bytes(state),
@@ -155,57 +156,134 @@ def _rank_size(group) -> tuple[int, int]:
 
 
 class ShardedOptimizer(torch.optim.Optimizer):
-    """ZeRO-1, the simple way: ``ShardedOptimizer(params, optimizer_cls, **defaults)``, the interface of
-    torch's ``ZeroRedundancyOptimizer(params, optimizer_class, **defaults)``.
+    """ZeRO-1, the simple way, with the arguments of torch's ``ZeroRedundancyOptimizer``:
+    ``ShardedOptimizer(params, optimizer_class, process_group=None, **defaults)``.
 
     Each parameter is given to one rank (the largest first, each to the rank holding the fewest numbers
-    so far); this rank's optimizer (``self.local``) is built over its own parameters only, so it keeps
-    state for those alone. ``step()`` steps them, then broadcasts every parameter from its owner.
-    Gradients must already be averaged over ranks (use it with DDP, as torch's).
+    so far); this rank's optimizer (``self.optim``, as torch names it) is built over its own parameters
+    only, one group for each of ``param_groups`` (empty where it owns none of a group's), so it keeps
+    state for those alone. ``step()`` copies the hyperparameters of ``param_groups`` to it (so an LR
+    scheduler, or ``param_groups[i]["lr"] = ...``, acts), steps it (``closure`` and keyword arguments
+    passed on), copies its groups' keys back, then broadcasts every parameter from its owner. Gradients
+    must already be averaged over ranks (use it with DDP, as torch's).
+
+    A checkpoint as torch's: ``consolidate_state_dict(to=r)`` on every rank, then ``state_dict()`` on
+    rank r (the whole state, numbered as a plain optimizer's over all parameters, so that a plain
+    optimizer can load it too); ``load_state_dict`` on every rank keeps its own parameters' state.
+
+    Left out of torch's class, by design: ``parameters_as_bucket_view`` (flat buffers to broadcast),
+    ``overlap_with_ddp`` (the step inside DDP's hook) and ``Join`` (uneven inputs); asking for the
+    first two raises. Sparse parameters are refused, as torch's refuses them.
     """
 
-    def __init__(self, params, optimizer_cls: type[torch.optim.Optimizer], group=None, **defaults):
-        if not (isinstance(optimizer_cls, type) and issubclass(optimizer_cls, torch.optim.Optimizer)):
-            raise TypeError(f"optimizer_cls must be an optimizer class such as torch.optim.Adam (not an "
-                            f"instance), got {optimizer_cls!r}")
-        self.group = group
-        self.rank, self.world_size = _rank_size(group)
-        self.optimizer_cls, self.local = optimizer_cls, None
-        self.owner: dict[nn.Parameter, int] = {}
+    def __init__(self, params, optimizer_class: type[torch.optim.Optimizer], process_group=None,
+                 parameters_as_bucket_view: bool = False, overlap_with_ddp: bool = False, **defaults):
+        if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
+            raise TypeError(f"optimizer_class must be an optimizer class such as torch.optim.Adam (not an "
+                            f"instance), got {optimizer_class!r}")
+        for name, asked in (("parameters_as_bucket_view", parameters_as_bucket_view),
+                            ("overlap_with_ddp", overlap_with_ddp)):
+            if asked:
+                raise NotImplementedError(
+                    f"ShardedOptimizer leaves out {name}=True, a feature of torch's ZeroRedundancyOptimizer: "
+                    f"use torch.distributed.optim.ZeroRedundancyOptimizer for it, or leave it False")
+        self.process_group = process_group
+        self.rank, self.world_size = _rank_size(process_group)
+        self.optimizer_class, self.optim = optimizer_class, None
+        self.owner: dict[torch.Tensor, int] = {}
         self.numbers = [0] * self.world_size  # numbers of parameters owned, by rank
+        self._consolidated: dict | None = None  # the whole state, on the rank it was consolidated to
         super().__init__(params, defaults)  # calls add_param_group for each group
+        self.optim = optimizer_class([self._own(group) for group in self.param_groups], **defaults)
+        _copy_hyperparameters(self.optim.param_groups, self.param_groups)  # the keys it added
+
+    def _own(self, group: dict) -> dict:
+        """The group as this rank's optimizer holds it: its hyperparameters, this rank's parameters."""
+        return {**group, "params": [p for p in group["params"] if self.owner[p] == self.rank]}
 
     def add_param_group(self, param_group: dict) -> None:
         super().add_param_group(param_group)
         group = self.param_groups[-1]
-        mine = []
+        sparse = [tuple(p.shape) for p in group["params"] if p.is_sparse]
+        if sparse:
+            raise ValueError(f"ShardedOptimizer takes dense parameters only (as torch's ZeroRedundancyOptimizer), "
+                             f"got sparse ones of shapes {sparse}")
         for p in sorted(group["params"], key=lambda p: -p.numel()):
             owner = min(range(self.world_size), key=lambda r: self.numbers[r])
             self.owner[p] = owner
             self.numbers[owner] += p.numel()
-            if owner == self.rank:
-                mine.append(p)
-        if not mine:  # a rank may own nothing of a small group
-            return
-        own_group = {**group, "params": mine}
-        if self.local is None:
-            self.local = self.optimizer_cls([own_group], **self.defaults)
-        else:
-            self.local.add_param_group(own_group)
+        if self.optim is not None:  # after the constructor: a group, empty or not, so that groups line up
+            self.optim.add_param_group(self._own(group))
+            _copy_hyperparameters(self.optim.param_groups[-1:], self.param_groups[-1:])
+
+    def step(self, closure=None, **kwargs):
+        _copy_hyperparameters(self.param_groups, self.optim.param_groups)
+        loss = self.optim.step(**kwargs) if closure is None else self.optim.step(closure, **kwargs)
+        _copy_hyperparameters(self.optim.param_groups, self.param_groups)
+        self._broadcast_parameters()
+        return loss
 
     @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        if self.local is not None:
-            self.local.step()
+    def _broadcast_parameters(self) -> None:
         # every rank walks the parameters in the same order, so the broadcasts match up
         for group in self.param_groups:
             for p in group["params"]:
-                collectives.tree_broadcast(p.data, src=self.owner[p], group=self.group)
-        return loss
+                collectives.tree_broadcast(p.data, src=self.owner[p], group=self.process_group)
+
+    def _indexed(self) -> list[torch.Tensor]:
+        """Every parameter, in the order a state dict numbers them."""
+        return [p for group in self.param_groups for p in group["params"]]
+
+    def consolidate_state_dict(self, to: int = 0) -> None:
+        """Gather every rank's share of the state on rank ``to``, for its ``state_dict()``. Every rank
+        must call it, as a collective."""
+        checks.integer("to", to, 0, self.world_size - 1)
+        _copy_hyperparameters(self.param_groups, self.optim.param_groups)
+        mine = {i: {k: v.detach().to("cpu", copy=True) if torch.is_tensor(v) else copy.deepcopy(v)
+                    for k, v in self.optim.state[p].items()}
+                for i, p in enumerate(self._indexed()) if self.owner[p] == self.rank and p in self.optim.state}
+        shares = [None] * self.world_size if self.rank == to else None
+        dst = to if self.process_group is None else dist.get_global_rank(self.process_group, to)
+        dist.gather_object(mine, shares, dst=dst, group=self.process_group)
+        self._consolidated = {i: s for share in shares for i, s in share.items()} if self.rank == to else None
+
+    def state_dict(self) -> dict:
+        """The whole state as last consolidated on this rank: call ``consolidate_state_dict(to=...)`` on
+        every rank first. Numbered as a plain optimizer's state dict over all the parameters."""
+        if self._consolidated is None:
+            raise RuntimeError(
+                f"ShardedOptimizer's state is spread over the ranks and was not consolidated on rank "
+                f"{self.rank}: call consolidate_state_dict(to={self.rank}) on every rank first, then "
+                f"state_dict() on rank {self.rank}")
+        packed = super().state_dict()  # the groups, numbered; its own "state" holds nothing
+        packed["state"] = dict(sorted(copy.deepcopy(self._consolidated).items()))
+        return packed
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load a state dict from ``state_dict()`` (or from a plain optimizer over the same parameter
+        groups): this rank keeps its own parameters' state; every rank takes the hyperparameters."""
+        saved_groups = state_dict["param_groups"]
+        if [len(g["params"]) for g in saved_groups] != [len(g["params"]) for g in self.param_groups]:
+            raise ValueError(f"state_dict's parameter groups hold {[len(g['params']) for g in saved_groups]} "
+                             f"parameters, this optimizer's {[len(g['params']) for g in self.param_groups]}: "
+                             f"load a state dict saved from the same model and groups")
+        index = {p: i for i, p in enumerate(self._indexed())}
+        local_state, local_groups, n = {}, [], 0
+        for saved, group in zip(saved_groups, self.optim.param_groups):
+            local_groups.append({**{k: v for k, v in saved.items() if k != "params"},
+                                 "params": list(range(n, n + len(group["params"])))})
+            for p in group["params"]:
+                if index[p] in state_dict["state"]:
+                    local_state[n] = copy.deepcopy(state_dict["state"][index[p]])
+                n += 1
+        self.optim.load_state_dict({"state": local_state, "param_groups": local_groups})
+        _copy_hyperparameters(self.optim.param_groups, self.param_groups)
+
+
+def _copy_hyperparameters(source: list[dict], target: list[dict]) -> None:
+    """Every key but "params" of each group, from source's groups to target's, index for index."""
+    for src, dst in zip(source, target, strict=True):
+        dst.update({k: v for k, v in src.items() if k != "params"})
 
 
 class _Unit:

@@ -1,6 +1,7 @@
 """DDP workers for the hook tests (spawn sends functions by name, so they live in a module)."""
 
 import copy
+import pickle
 from dataclasses import replace
 
 import torch
@@ -187,3 +188,11 @@ def torch_hook_on_cpu_with_a_gpu_visible(rank, world_size):
     torch.cuda.is_available = lambda: True
     cfg = TrainConfig(hook="torch_powersgd", steps=6, start_powerSGD_iter=2, hidden=32, eval_every=100)
     return ddp_train(rank, world_size, cfg).loss
+
+
+def pickled_powersgd_state(rank, world_size):
+    """A PowerSGDState over a subgroup, pickled and unpickled: which group the copy has."""
+    pair = dist.new_group([0, 1])
+    state = powersgd.PowerSGDState(process_group=pair, start_powerSGD_iter=2)
+    copy_ = pickle.loads(pickle.dumps(state))
+    return {"default": copy_.process_group is dist.group.WORLD, "size": copy_.process_group.size()}

@@ -4,6 +4,7 @@ parity runs against torch's classes are notebook 09's own, in course_lib.support
 import copy
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from course_lib import collectives, local_sgd
@@ -77,3 +78,28 @@ def diloco_reference(world_size, period, steps, outer_lr=0.7, outer_momentum=0.9
                 for p, s in zip(worker.parameters(), shared):
                     p.copy_(s)
     return [copy.deepcopy(s) for s in shared]
+
+
+def averaging_edges(rank, world_size):
+    """average_parameters before any backward, and on a rank outside its group; the averager beside it."""
+    out = {}
+    model = mlp(hidden=8, depth=1, seed=rank)  # different values on every rank, no gradient yet
+    everyone = [[torch.empty_like(p) for _ in range(world_size)] for p in model.parameters()]
+    for gathered, p in zip(everyone, model.parameters()):
+        dist.all_gather(gathered, p.detach())
+    local_sgd.average_parameters(model.parameters())
+    out["mean_error"] = max((p.detach() - torch.stack(g).mean(0)).abs().max().item()
+                            for p, g in zip(model.parameters(), everyone))
+
+    pair = dist.new_group([0, 1])  # every rank creates it; rank 2 is outside it
+    value = torch.full((5,), float(rank))
+    local_sgd.average_parameters([value], group=pair)
+    out["pair_average"] = value.tolist()
+    outside = torch.full((3,), float(rank))
+    out["collective_outside"] = (collectives.ring_all_reduce(outside, group=pair) is outside, outside.tolist())
+
+    with_grad, without = torch.full((2,), float(rank)), torch.full((2,), float(rank))
+    with_grad.grad = torch.zeros(2)
+    local_sgd.PeriodicModelAverager(period=1).average_parameters([with_grad, without])
+    out["averager"] = (with_grad.tolist(), without.tolist())
+    return out

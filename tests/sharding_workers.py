@@ -1,5 +1,7 @@
 """Workers for tests/test_sharding.py (spawn sends functions by name, so they live in a module)."""
 
+import copy
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -88,7 +90,7 @@ def sharded_optimizer(rank, world_size, kind, steps=3):
         params.append({n: p.detach().clone() for n, p in model.module.named_parameters()})
     state_numbers = None
     if kind == "course":
-        state_numbers = sum(s["exp_avg"].numel() for s in opt.local.state.values()) if opt.local else 0
+        state_numbers = sum(s["exp_avg"].numel() for s in opt.optim.state.values())
     return {"params": params, "state_numbers": state_numbers}
 
 
@@ -159,3 +161,105 @@ def reference_training(world_size, steps=3, hidden=32):
         F.cross_entropy(model(torch.cat(xs)), torch.cat(ys)).backward()
         opt.step()
     return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _train(model, opt, rank, world_size, steps, first_step=0, scheduler=None):
+    for step in range(first_step, first_step + steps):
+        x, y = _batch(rank, world_size, step)
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        if scheduler is not None:
+            scheduler.step()
+
+
+def _make(kind, model):
+    if kind == "adam":
+        return torch.optim.Adam(_groups(model), lr=LR)
+    if kind == "torch":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        return ZeroRedundancyOptimizer(_groups(model), optimizer_class=torch.optim.Adam, lr=LR)
+    return sharding.ShardedOptimizer(_groups(model), optimizer_class=torch.optim.Adam, lr=LR)
+
+
+def checkpoint_with_scheduler(rank, world_size, kind):
+    """DDP + Adam (plain, torch's ZeroRedundancyOptimizer's or the course's ShardedOptimizer's), the LR
+    halved at every step by StepLR: 2 steps, a checkpoint (consolidated on rank 0, handed to every rank
+    by broadcast_object_list), a fresh model and optimizer loaded from it, 2 more steps. Returns the
+    saved optimizer state dict (rank 0), the parameters and the groups' learning rates at the end."""
+    model = DDP(Uneven())
+    opt = _make(kind, model.module)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    _train(model, opt, rank, world_size, 2, scheduler=scheduler)
+    if kind != "adam":
+        opt.consolidate_state_dict(to=0)
+    # a copy: a state dict holds the optimizer's live tensors, which the steps below would change
+    box = [copy.deepcopy((opt.state_dict(), scheduler.state_dict(), model.module.state_dict())) if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    saved, saved_scheduler, saved_model = box[0]
+    kept = copy.deepcopy(saved)  # plain Adam's load_state_dict keeps the tensors it is given, and steps them
+
+    fresh = Uneven()  # the same initial values as model's: a wrong load would show
+    fresh.load_state_dict(saved_model)
+    model = DDP(fresh)
+    opt = _make(kind, model.module)
+    opt.load_state_dict(saved)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    scheduler.load_state_dict(saved_scheduler)
+    _train(model, opt, rank, world_size, 2, first_step=2, scheduler=scheduler)
+    return {"saved": kept if rank == 0 else None, "lrs": [g["lr"] for g in opt.param_groups],
+            "params": {n: p.detach().clone() for n, p in model.module.named_parameters()}}
+
+
+class RecordingSGD(torch.optim.SGD):
+    """SGD that notes the keyword arguments its step was given."""
+
+    def __init__(self, params, **defaults):
+        super().__init__(params, **defaults)
+        self.seen = []
+
+    def step(self, closure=None, **kwargs):
+        self.seen.append(kwargs)
+        return super().step(closure)
+
+
+def sharded_optimizer_api(rank, world_size):
+    """The parts of ZeroRedundancyOptimizer's interface a user touches, tried on the course's class."""
+    out = {}
+    model = DDP(Uneven())
+    opt = sharding.ShardedOptimizer(_groups(model.module), torch.optim.Adam, lr=LR)
+    out["adam_keys_visible"] = all("betas" in g and "eps" in g for g in opt.param_groups)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: 0.0)
+    before = [p.detach().clone() for p in model.parameters()]
+    _train(model, opt, rank, world_size, 1, scheduler=scheduler)
+    out["moved_under_lr_0"] = max((p.detach() - b).abs().max().item() for p, b in zip(model.parameters(), before))
+    out["lrs_in_local_groups"] = [g["lr"] for g in opt.optim.param_groups]
+
+    try:
+        opt.state_dict()
+    except RuntimeError as e:
+        out["unconsolidated"] = str(e)
+    opt.consolidate_state_dict(to=0)
+    try:
+        out["consolidated_keys"] = sorted(opt.state_dict()["state"])
+    except RuntimeError as e:
+        out["consolidated_keys"] = str(e)
+
+    extra = nn.Parameter(torch.ones(1))  # one number: one rank owns it, the others nothing of its group
+    opt.add_param_group({"params": [extra], "lr": 0.5})
+    out["owns_extra"] = opt.owner[extra] == rank
+    out["group_sizes"] = ([len(g["params"]) for g in opt.param_groups], [len(g["params"]) for g in opt.optim.param_groups])
+    out["extra_lr_local"] = opt.optim.param_groups[-1]["lr"]
+
+    recording = sharding.ShardedOptimizer(Uneven().parameters(), RecordingSGD, lr=LR)
+    loss = recording.step(closure=lambda: torch.tensor(1.5))
+    recording.step(scale=0.5)
+    out["kwargs_seen"] = recording.optim.seen
+    out["closure_loss"] = float(loss)
+
+    sparse = nn.Parameter(torch.sparse_coo_tensor([[0]], [1.0], (4,)))
+    try:
+        sharding.ShardedOptimizer([sparse], torch.optim.SGD, lr=LR)
+    except ValueError as e:
+        out["sparse"] = str(e)
+    return out

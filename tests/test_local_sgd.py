@@ -49,6 +49,34 @@ def test_post_local_sgd_matches_torchs(world_size, variant):
         assert agree == on_schedule
 
 
+def test_average_parameters_averages_what_it_is_given_and_outside_its_group_returns_at_once():
+    outs = spawn(W.averaging_edges, 3, backend="gloo")
+    for rank, out in enumerate(outs):
+        # before any backward: every parameter replaced by the mean torch's all_gather gives
+        assert out["mean_error"] < 1e-6
+        # ranks 0 and 1 average over their pair; rank 2, outside it, keeps its values
+        assert out["pair_average"] == ([0.5] * 5 if rank < 2 else [2.0] * 5)
+        if rank == 2:
+            assert out["collective_outside"] == (True, [2.0] * 3)
+        # the averager leaves the parameter without a gradient alone, as torch's
+        assert out["averager"] == ([1.0, 1.0], [float(rank)] * 2)
+
+
+def test_post_local_sgd_optimizer_warns_when_a_state_dict_has_no_step():
+    model = torch.nn.Linear(2, 2)
+    opt = local_sgd.PostLocalSGDOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                          local_sgd.PeriodicModelAverager(period=2))
+    opt.averager.step = 5
+    with pytest.warns(UserWarning, match="does not contain a step counter"):
+        opt.load_state_dict(torch.optim.SGD(model.parameters(), lr=0.1).state_dict())
+    assert opt.averager.step == 0
+    opt.averager.step = 5
+    saved = opt.state_dict()
+    opt.averager.step = 0
+    opt.load_state_dict(saved)
+    assert opt.averager.step == 5
+
+
 @pytest.mark.parametrize("world_size, period", [(2, 3), (3, 2)])
 def test_diloco_is_the_algorithm_computed_in_one_process(world_size, period):
     steps = 3 * period

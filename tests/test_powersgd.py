@@ -93,11 +93,16 @@ def _filled_state():
 
 
 @pytest.mark.parametrize("roundtrip", ["pickle", "state_dict"])
-def test_state_roundtrips_without_the_process_group(roundtrip):
+def test_state_roundtrips_without_the_process_group(roundtrip, caplog):
     s = _filled_state()
     s.process_group = object()  # not picklable, and must not be saved
     if roundtrip == "pickle":
-        t = pickle.loads(pickle.dumps(s))
+        with caplog.at_level("WARNING", logger="course_lib.powersgd"):
+            t = pickle.loads(pickle.dumps(s))
+        # as torch's: one note when saved, one when loaded
+        assert [r.getMessage().split(";")[0] for r in caplog.records] == [
+            "PowerSGDState: a process group cannot be pickled",
+            "PowerSGDState: loaded with the default process group (every rank)"]
     else:
         t = powersgd.PowerSGDState(start_powerSGD_iter=2)
         t.load_state_dict(s.state_dict())
@@ -109,6 +114,11 @@ def test_state_roundtrips_without_the_process_group(roundtrip):
     assert torch.equal(t.error_dict[0], s.error_dict[0]) and torch.equal(t.q_memory_dict[0], s.q_memory_dict[0])
     assert t.compression_stats() == (100.0, 1000, 10)
     assert isinstance(t.rng, np.random.RandomState)
+
+
+def test_an_unpickled_state_takes_the_default_group_as_torchs():
+    for rank, out in enumerate(spawn(W.pickled_powersgd_state, 3, backend="gloo")):
+        assert out == {"default": True, "size": 3}, rank
 
 
 def test_bytes_per_compressed_step_are_exact():

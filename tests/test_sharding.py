@@ -51,6 +51,48 @@ def test_sharded_optimizer_matches_adam_and_torch_zero_redundancy_optimizer(worl
     assert all(n > 0 for n in numbers)
 
 
+@pytest.mark.parametrize("kind", ["course", "torch"])
+def test_a_checkpoint_with_an_lr_scheduler_resumes_as_plain_adam(kind):
+    # StepLR halves the LR at every step: the local optimizer must see it. The checkpoint, consolidated on
+    # rank 0, is plain Adam's state dict, and training resumed from it ends where plain Adam's does.
+    adam = spawn(W.checkpoint_with_scheduler, 3, "adam", backend="gloo")
+    sharded = spawn(W.checkpoint_with_scheduler, 3, kind, backend="gloo")
+    want, got = adam[0]["saved"], sharded[0]["saved"]
+    assert got["param_groups"] == want["param_groups"]
+    assert got["state"].keys() == want["state"].keys() and len(got["state"]) == 7  # the frozen layer has none
+    for index in want["state"]:
+        _close(got["state"][index], want["state"][index], msg=f"state of parameter {index}")
+    for rank in range(3):
+        assert sharded[rank]["lrs"] == adam[rank]["lrs"] == [2 * W.LR / 16, W.LR / 16]
+        _close(sharded[rank]["params"], adam[rank]["params"], msg=f"rank {rank}")
+
+
+def test_sharded_optimizer_has_zero_redundancy_optimizers_interface():
+    first, second = spawn(W.sharded_optimizer_api, 2, backend="gloo")
+    for rank, out in enumerate((first, second)):
+        assert out["adam_keys_visible"], "the keys the local optimizer adds to its groups are visible"
+        assert out["moved_under_lr_0"] == 0.0, "LambdaLR set every lr to 0: no parameter may move"
+        assert out["lrs_in_local_groups"] == [0.0, 0.0]
+        assert "consolidate_state_dict(to=" in out["unconsolidated"]
+        # an empty local group where this rank owns none of the new group: groups line up index for index
+        assert out["group_sizes"][0] == [2, 7, 1]
+        assert out["group_sizes"][1][-1] == (1 if out["owns_extra"] else 0)
+        assert len(out["group_sizes"][1]) == 3 and out["extra_lr_local"] == 0.5
+        assert out["kwargs_seen"] == [{}, {"scale": 0.5}] and out["closure_loss"] == 1.5
+        assert "dense" in out["sparse"]
+    assert first["owns_extra"] != second["owns_extra"]
+    # rank 0 holds every trained parameter's state: all but the frozen layer's two (numbered 5 and 6:
+    # the second group is scale, norm's two, frozen's two, b's two)
+    assert first["consolidated_keys"] == [0, 1, 2, 3, 4, 7, 8]
+    assert "not consolidated on rank 1" in second["consolidated_keys"]
+
+
+@pytest.mark.parametrize("option", ["parameters_as_bucket_view", "overlap_with_ddp"])
+def test_the_features_left_out_of_zero_redundancy_optimizer_are_refused_by_name(option):
+    with pytest.raises(NotImplementedError, match=f"leaves out {option}=True"):
+        sharding.ShardedOptimizer(mlp().parameters(), torch.optim.Adam, **{option: True})
+
+
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_every_stage_trains_as_one_process_on_the_whole_batch(world_size):
     want = W.reference_training(world_size)

@@ -95,7 +95,7 @@ def zero1_against_torch(rank: int, world_size: int) -> dict:
         _train(model, opt, rank, world_size)
         broadcast = collectives.sent.bytes // STEPS  # per step: only the course's optimizer sends any here
         runs[name] = _params(model.module)
-        inner = opt.local if name.startswith("course") else opt.optim if name.startswith("torch") else opt
+        inner = opt.optim if name.startswith(("course", "torch")) else opt
         kept[name] = sum(s["exp_avg"].numel() for s in inner.state.values())
     return {"max_diff": {name: _max_diff(p, runs["Adam"]) for name, p in runs.items()}, "kept": kept,
             "broadcast_sent": broadcast}
