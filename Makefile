@@ -88,9 +88,9 @@ notebooks: $(VENV)/.test
 	cd notebooks && for nb in *.ipynb; do \
 		../$(BIN)/jupyter nbconvert --to notebook --execute --inplace "$$nb" || exit 1; done
 
-## Redraw the diagrams in img/ from course_lib/support/figures.py
+## Redraw the diagrams in img/ from course_lib/notebooks/figures.py
 figures: $(VENV)/.course
-	$(BIN)/python -m course_lib.support.figures img
+	$(BIN)/python -m course_lib.notebooks.figures img
 
 clean:
 	rm -rf $(VENV) *.egg-info

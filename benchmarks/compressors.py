@@ -18,7 +18,7 @@ import torch.distributed as dist
 from course_lib import compressors as C
 from course_lib import powersgd
 from course_lib.launch import spawn
-from course_lib.support.timing import median_seconds
+from course_lib.utils.timing import median_seconds
 
 
 def all_reduce_seconds(rank, world_size, numel, repeats=20):

@@ -54,10 +54,10 @@ from course_lib.accumulation import ddp_accumulation_worker
 from course_lib.bandwidth import sweep
 from course_lib.launch import spawn, worker_device
 from course_lib.lowrank import time_methods
-from course_lib.support.digits import batch_slice, digits_tensors, mlp
-from course_lib.support.shapes import resnet18_cifar_shapes
-from course_lib.support.timing import median_seconds
 from course_lib.train import TrainConfig, make_hook, train_several
+from course_lib.utils.digits import batch_slice, digits_tensors, mlp
+from course_lib.utils.shapes import resnet18_cifar_shapes
+from course_lib.utils.timing import median_seconds
 
 # notebook 10's model and run: an MLP 512 -> 1024 -> 1024 -> 10, 64 samples per worker, PowerSGD from the 6th step
 BENCH = TrainConfig(n_in=512, hidden=1024, depth=2, lr=0.05, start_powerSGD_iter=5, eval_every=1000, steps=25,
@@ -266,7 +266,7 @@ def profile_steps(rank, world_size, configs, warm=10, profiled=3):
 
 
 def resnet18_cifar(num_classes=10) -> torch.nn.Module:
-    """The ResNet-18 whose shapes ``course_lib.support.shapes.resnet18_cifar_shapes`` writes out (for
+    """The ResNet-18 whose shapes ``course_lib.utils.shapes.resnet18_cifar_shapes`` writes out (for
     timing its training step here; the check below compares the shapes)."""
     nn = torch.nn
 

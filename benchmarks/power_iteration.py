@@ -11,7 +11,7 @@ import time
 import torch
 
 from course_lib import lowrank as L
-from course_lib.support.digits import gradient_snapshots
+from course_lib.utils.digits import gradient_snapshots
 
 
 def main(repeats: int = 7):

@@ -30,26 +30,28 @@ What a student learns, in the order the notebooks use it:
   ``torchrun``: ``TrainConfig`` in (its fields in groups), the training loop step by step (batch,
   zero_grad, forward and loss, backward, step, record), ``TrainResult`` out.
 
-The course's own support, in ``support``: none of it is an algorithm.
+The package is built in floors: each module imports only from its own floor or below, never
+above (``tests/test_package.py`` reads every import and fails on one that runs up).
 
-* ``support.digits``: the bundled dataset, the MLP every notebook trains, batch slicing;
-* ``support.demos``: small workers the notebooks start to show an algorithm at work;
-* ``support.ddp_program``: torch's DDP program in plain sight, the buckets DDP hands a hook, ranks
-  under torchrun, subgroups and timeouts (notebook 03);
-* ``support.hook_runs``: a training run told as how it ended (finished, raised, crashed, hung), and
-  when each hook's collectives ran, step by step (notebook 07);
-* ``support.sharding_runs``: the runs of notebook 04, each a worker that trains sharded and
-  measures;
-* ``support.local_sgd_runs``: the runs of notebook 09, each a worker that trains communicating less
-  often and measures;
-* ``support.exercises``: every exercise's check and reference answer;
-* ``support.figures``: the diagrams in ``img/`` and plots of a notebook's own results;
-* ``support.widgets``: the rank and bandwidth sliders, the memory calculator;
-* ``support.timing``: the median of repeated timings;
-* ``support.shapes``: parameter shapes of well-known models (ResNet-18 for CIFAR-10), written out;
-* ``support.checks``: argument checks that name the bad argument, its value and what is allowed;
-* ``support.progress``: a progress bar that a saved notebook shows finished;
-* ``support.gpu_results``: what ``benchmarks/gpu_check.py`` measured on a GPU, always named with the device.
+* the ground floor, ``utils``: small utilities every module may use: ``utils.checks`` (argument
+  checks that name the bad argument), ``utils.digits`` (the bundled dataset, the MLP every notebook
+  trains, batch slicing), ``utils.progress`` (a progress bar a saved notebook shows finished),
+  ``utils.timing`` (the median of repeated timings), ``utils.shapes`` (parameter shapes of
+  ResNet-18 for CIFAR-10, written out);
+* the algorithms above it: the modules listed above;
+* the top floor, ``notebooks``: what the notebooks use besides the algorithms:
+  ``notebooks.exercises`` (each exercise's check and reference, one module per notebook, sharing
+  ``notebooks.exercises.core``: ``notebooks.exercises.nb00``, ``notebooks.exercises.nb01``,
+  ``notebooks.exercises.nb02``, ``notebooks.exercises.nb03``, ``notebooks.exercises.nb04``,
+  ``notebooks.exercises.nb05``, ``notebooks.exercises.nb06``, ``notebooks.exercises.nb07``,
+  ``notebooks.exercises.nb08``, ``notebooks.exercises.nb09``, ``notebooks.exercises.nb10``),
+  ``notebooks.widgets`` (the explorers: ``notebooks.widgets.low_rank``, ``notebooks.widgets.links``,
+  ``notebooks.widgets.zero_memory``, sharing ``notebooks.widgets.common``), ``notebooks.figures``
+  (the diagrams in ``img/`` and plots of a notebook's own results), ``notebooks.demos`` (small
+  workers the notebooks start), ``notebooks.ddp_program`` (torch's DDP program in plain sight,
+  notebook 03), ``notebooks.hook_runs`` (runs told as how they ended, and the hooks' timelines,
+  notebook 07), ``notebooks.sharding_runs`` and ``notebooks.local_sgd_runs`` (the runs of notebooks
+  04 and 09), ``notebooks.gpu_results`` (what ``benchmarks/gpu_check.py`` measured on a GPU).
 """
 
 __version__ = "0.1.0"

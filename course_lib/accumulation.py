@@ -19,9 +19,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib.launch import worker_device
-from course_lib.support import checks
-from course_lib.support.digits import batch_slice, digits_tensors, mlp
-from course_lib.support.progress import progress_bar
+from course_lib.utils import checks
+from course_lib.utils.digits import batch_slice, digits_tensors, mlp
+from course_lib.utils.progress import progress_bar
 
 __all__ = [
     "split",

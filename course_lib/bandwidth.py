@@ -25,8 +25,8 @@ import torch.distributed as dist
 from course_lib import collectives as C
 from course_lib.costmodel import bus_factor
 from course_lib.launch import report_progress, worker_device
-from course_lib.support import checks
-from course_lib.support.timing import median_seconds
+from course_lib.utils import checks
+from course_lib.utils.timing import median_seconds
 
 __all__ = ["measure_like_nccl_tests", "time_like_nccl_tests", "measure_collective", "METHODS", "sweep", "ping_pong",
            "time_algorithms", "measure_gamma", "time_with_cpu", "concurrent_messages"]

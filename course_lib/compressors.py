@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from course_lib.support import checks
+from course_lib.utils import checks
 
 __all__ = [
     "Compressor",

@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import torch
 
-from course_lib.support import checks
+from course_lib.utils import checks
 
 __all__ = ["ALGORITHMS", "alpha_beta_time", "fit_alpha_beta", "BUS_FACTORS", "bus_factor", "ring_all_reduce_time",
            "ring_crossover_bytes", "fit_ring_all_reduce", "predict_step_time", "Interconnect",

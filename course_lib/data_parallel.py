@@ -38,8 +38,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib import hooks
 from course_lib.bandwidth import measure_collective
-from course_lib.support import checks
-from course_lib.support.digits import batch_slice, digits_tensors, mlp
+from course_lib.utils import checks
+from course_lib.utils.digits import batch_slice, digits_tensors, mlp
 
 __all__ = ["DataParallelNaive", "DataParallelFlat", "DataParallelOverlap", "DataParallelBucket", "assign_buckets",
            "Event", "WRAPPERS", "exposed_communication", "communication_time", "waiting_for_peers", "step_times",

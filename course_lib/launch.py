@@ -59,7 +59,7 @@ import torch
 import torch.distributed as dist
 from torch.multiprocessing import start_processes
 
-from course_lib.support.progress import progress_bar
+from course_lib.utils.progress import progress_bar
 
 __all__ = [
     "WorkerError",
@@ -82,8 +82,9 @@ START_METHODS = ("spawn", "forkserver")
 # (A module a student edits, such as a notebook's my_workers.py, is left out: each worker imports it
 # afresh, as under spawn. course_lib itself is imported once per kernel, in the kernel as in the server.)
 _PRELOAD = ["torch", "torch.distributed", "course_lib.launch", "course_lib.collectives", "course_lib.data_parallel",
-            "course_lib.support.demos", "course_lib.support.digits", "course_lib.support.hook_runs",
-            "course_lib.support.sharding_runs", "course_lib.support.local_sgd_runs", "course_lib.support.exercises"]
+            "course_lib.utils.digits", "course_lib.notebooks.demos", "course_lib.notebooks.hook_runs",
+            "course_lib.notebooks.sharding_runs", "course_lib.notebooks.local_sgd_runs",
+            "course_lib.notebooks.exercises"]
 
 # How long a terminated worker gets to exit before it is killed.
 _GRACE_S = 3.0

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib import collectives, hooks
-from course_lib.support import checks
+from course_lib.utils import checks
 
 __all__ = ["average_parameters", "PeriodicModelAverager", "PostLocalSGDState", "post_localSGD_hook",
            "PostLocalSGDOptimizer", "DiLoCo"]

@@ -17,9 +17,9 @@ its one power step (``power_step_p`` and ``power_step_qt``, the two products).
 
 import torch
 
-from course_lib.support import checks
-from course_lib.support.progress import progress_bar
-from course_lib.support.timing import median_seconds
+from course_lib.utils import checks
+from course_lib.utils.progress import progress_bar
+from course_lib.utils.timing import median_seconds
 
 __all__ = [
     "orthogonalize_",

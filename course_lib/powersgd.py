@@ -61,7 +61,7 @@ import torch.distributed as dist
 from course_lib import hooks
 from course_lib.lowrank import orthogonalize_, power_step_p, power_step_qt
 from course_lib.memory import ErrorFeedback, ParameterKeys
-from course_lib.support import checks
+from course_lib.utils import checks
 
 __all__ = [
     "PowerSGDState",

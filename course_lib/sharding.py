@@ -46,7 +46,7 @@ from torch import nn
 from course_lib import collectives
 from course_lib.accumulation import saved_activation_bytes
 from course_lib.costmodel import collective_time
-from course_lib.support import checks
+from course_lib.utils import checks
 
 __all__ = ["OPTIMIZERS", "PRECISIONS", "bytes_per_rank", "communication_seconds", "storage_bytes", "memory_ledger",
            "ShardedOptimizer", "ShardedDataParallel"]

@@ -19,7 +19,7 @@ Every rank trains on its own slice of each global batch; the hook decides what c
 PowerSGD's arguments keep torch's names (``matrix_approximation_rank``, ``start_powerSGD_iter``,
 ``use_error_feedback``, ``warm_start``) from the command line to :class:`~course_lib.powersgd.PowerSGDState`;
 ``rank`` always means a process. Runs that may crash or hang, and the notebooks' own workers, are in
-:mod:`course_lib.support` (``hook_runs``, ``ddp_program``).
+:mod:`course_lib.notebooks` (``hook_runs``, ``ddp_program``).
 """
 
 import argparse
@@ -41,8 +41,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib import compression, compressors, hooks, memory, powersgd
 from course_lib.launch import init_from_env, report_progress, worker_device
-from course_lib.support import checks
-from course_lib.support.digits import batch_slice, digits_tensors, mlp
+from course_lib.utils import checks
+from course_lib.utils.digits import batch_slice, digits_tensors, mlp
 
 __all__ = ["HOOKS", "COMPRESSION_HOOKS", "TrainConfig", "TrainResult", "make_hook", "ddp_train", "train_several",
            "main"]

@@ -69,7 +69,7 @@ def ddp_bucket_numels(rank, world_size, bucket_cap_mb, iterations=3):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from course_lib import hooks
-    from course_lib.support.digits import mlp
+    from course_lib.utils.digits import mlp
 
     model = DDP(mlp(hidden=1024, depth=2, seed=0, n_in=512), bucket_cap_mb=bucket_cap_mb)
     log = hooks.BucketLog()

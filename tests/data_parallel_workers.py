@@ -110,7 +110,7 @@ def wrap_twice(rank, world_size):
     return None
 
 
-# Wrong hooks, for the hook check of course_lib.support.ddp_program (spawn sends them by name).
+# Wrong hooks, for the hook check of course_lib.notebooks.ddp_program (spawn sends them by name).
 
 def sum_hook(process_group, bucket):
     """Forgets to divide by the world size: the sum of the ranks' gradients, not their average."""
@@ -143,7 +143,7 @@ def ddp_payloads(rank, world_size, runs, hidden=512, depth=4):
     handed its hook, in order (what notebook 03's exercise 1 must predict)."""
     import contextlib
 
-    from course_lib.support.digits import digits_tensors, mlp
+    from course_lib.utils.digits import digits_tensors, mlp
 
     x, y, _, _ = digits_tensors(seed=0)
     out = []

@@ -11,8 +11,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib import hooks, powersgd
 from course_lib.lowrank import orthogonalize_
-from course_lib.support.digits import mlp
 from course_lib.train import TrainConfig, ddp_train
+from course_lib.utils.digits import mlp
 
 
 def seed_usages(rank, world_size):

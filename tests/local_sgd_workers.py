@@ -1,5 +1,5 @@
 """Workers for tests/test_local_sgd.py (spawn sends functions by name, so they live in a module); the
-parity runs against torch's classes are notebook 09's own, in course_lib.support.local_sgd_runs."""
+parity runs against torch's classes are notebook 09's own, in course_lib.notebooks.local_sgd_runs."""
 
 import copy
 
@@ -8,7 +8,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from course_lib import collectives, local_sgd
-from course_lib.support.digits import batch_slice, digits_tensors, mlp
+from course_lib.utils.digits import batch_slice, digits_tensors, mlp
 
 BATCH, LR = 48, 0.05
 

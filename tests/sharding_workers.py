@@ -9,8 +9,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib import collectives, sharding
-from course_lib.support.demos import LENGTHS, _data
-from course_lib.support.digits import batch_slice, digits_tensors, mlp
+from course_lib.notebooks.demos import LENGTHS, _data
+from course_lib.utils.digits import batch_slice, digits_tensors, mlp
 
 BATCH = 48
 LR = 0.01
@@ -248,7 +248,8 @@ def sharded_optimizer_api(rank, world_size):
     extra = nn.Parameter(torch.ones(1))  # one number: one rank owns it, the others nothing of its group
     opt.add_param_group({"params": [extra], "lr": 0.5})
     out["owns_extra"] = opt.owner[extra] == rank
-    out["group_sizes"] = ([len(g["params"]) for g in opt.param_groups], [len(g["params"]) for g in opt.optim.param_groups])
+    out["group_sizes"] = ([len(g["params"]) for g in opt.param_groups],
+                          [len(g["params"]) for g in opt.optim.param_groups])
     out["extra_lr_local"] = opt.optim.param_groups[-1]["lr"]
 
     recording = sharding.ShardedOptimizer(Uneven().parameters(), RecordingSGD, lr=LR)

@@ -4,7 +4,7 @@ from torch import nn
 
 from course_lib import accumulation as acc
 from course_lib.launch import spawn
-from course_lib.support.digits import digits_tensors, mlp
+from course_lib.utils.digits import digits_tensors, mlp
 
 
 def _grads(model):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from course_lib import accumulation, lowrank
-from course_lib.support import checks
+from course_lib.utils import checks
 
 M = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
 X, Y = torch.randn(5, 3), torch.arange(5)
@@ -62,7 +62,7 @@ def test_the_edges_of_what_is_allowed_still_work():
 
 def _widgets():
     pytest.importorskip("ipywidgets")
-    from course_lib.support import widgets
+    from course_lib.notebooks import widgets
     return widgets
 
 
@@ -186,7 +186,7 @@ def test_more_bad_input(call, kind, words):
 
 def test_model_data_and_powersgd_helpers_refuse_bad_sizes():
     from course_lib import powersgd
-    from course_lib.support import digits
+    from course_lib.utils import digits
 
     for call, words in ((lambda: digits.mlp(hidden=0), "hidden must be an integer >= 1, got 0"),
                         (lambda: digits.mlp(depth=-1), "depth must be an integer >= 0, got -1"),
@@ -272,7 +272,7 @@ def _dgc_state(**kwargs):
 def _modules():
     from course_lib import compressors as compression
     from course_lib import costmodel
-    from course_lib.support import digits, shapes, timing
+    from course_lib.utils import digits, shapes, timing
 
     return costmodel, compression, digits, timing, shapes
 
@@ -321,7 +321,7 @@ def test_the_edges_the_sweep_checks_still_work():
 
 
 def _student_functions():
-    from course_lib.support import exercises
+    from course_lib.notebooks import exercises
 
     return exercises
 

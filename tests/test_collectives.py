@@ -3,9 +3,9 @@ import torch
 
 from course_lib import collectives as C
 from course_lib.launch import WorkerError, spawn
-from course_lib.support import demos
-from course_lib.support import exercises as ex
-from course_lib.support.exercises import check_distributed
+from course_lib.notebooks import demos
+from course_lib.notebooks import exercises as ex
+from course_lib.notebooks.exercises import check_distributed
 from solutions import nb02
 from tests import collective_workers as W
 

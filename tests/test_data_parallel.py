@@ -6,8 +6,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import debugging_hooks, default
 
 from course_lib import data_parallel, hooks
 from course_lib.launch import spawn
-from course_lib.support import ddp_program
-from course_lib.support.digits import mlp
+from course_lib.notebooks import ddp_program
+from course_lib.utils.digits import mlp
 from tests import data_parallel_workers as W
 
 
@@ -201,7 +201,7 @@ def test_the_fp16_wrapper_around_allreduce_is_torchs_and_passes_the_check():
 def test_the_bucket_exercise_predicts_what_ddp_sends():
     # notebook 03's exercise 1: its reference (a formula: one bucket at the first synchronizing backward,
     # then the rebuilt buckets, the first at 1 MiB when no cap is given) against DDP's own hook calls
-    from course_lib.support.exercises import ddp_all_reduces
+    from course_lib.notebooks.exercises import ddp_all_reduces
 
     runs = [(None, 2, 1, False), (1, 2, 3, True), (0.01, 2, 2, False), (25, 1, 2, False)]
     sent = spawn(W.ddp_payloads, 2, runs, backend="gloo")[0]

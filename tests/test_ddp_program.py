@@ -1,12 +1,12 @@
-"""course_lib.support.ddp_program: notebook 03's programs, run as the notebook runs them."""
+"""course_lib.notebooks.ddp_program: notebook 03's programs, run as the notebook runs them."""
 
 import torch
 import torch.multiprocessing as mp
 from torch import nn
 
 from course_lib.launch import free_port, spawn
-from course_lib.support import ddp_program
-from course_lib.support.digits import batch_slice, digits_tensors, mlp
+from course_lib.notebooks import ddp_program
+from course_lib.utils.digits import batch_slice, digits_tensors, mlp
 
 
 def _one_process_params(steps=20):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from sklearn.datasets import load_digits
 
-from course_lib.support import digits
+from course_lib.utils import digits
 
 
 def test_the_arrays_are_load_digits_own():
@@ -39,7 +39,7 @@ def test_the_split_is_the_same_tensors_every_call_and_callers_cannot_change_it()
 
 
 def test_training_data_does_not_import_scikit_learn():
-    code = ("import sys; from course_lib.support.digits import digits_tensors; digits_tensors(); "
+    code = ("import sys; from course_lib.utils.digits import digits_tensors; digits_tensors(); "
             "print('sklearn' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

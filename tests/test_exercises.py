@@ -7,8 +7,9 @@ from torch.optim import SGD  # imported by name: bypasses `torch.optim.SGD`
 
 from course_lib import collectives, costmodel, local_sgd, sharding
 from course_lib.launch import spawn
-from course_lib.support import exercises as ex
-from course_lib.support.exercises import NotAllowed, Rules, _Watch, check, compare
+from course_lib.notebooks import exercises as ex
+from course_lib.notebooks.exercises import NotAllowed, Rules, check, compare
+from course_lib.notebooks.exercises.core import _input_numbers, _Watch
 from solutions import nb04, nb09
 from tests import sharding_exercise_workers as Z
 
@@ -111,9 +112,9 @@ def test_zero2_units_and_the_numbers_a_padded_reduce_scatter_sends():
 
 def test_rules_count_the_numbers_of_tensors_in_lists_as_zero2_passes_them():
     # the rules count the input's numbers: a unit's gradients come as a list of tensors
-    assert ex._input_numbers((torch.zeros(7),)) == 7
-    assert ex._input_numbers(([torch.zeros(3, 4), torch.zeros(5)], None)) == 17
-    assert ex._input_numbers((torch.zeros(2), (torch.zeros(3), "a"), 4, [1.0, 2.0])) == 5
+    assert _input_numbers((torch.zeros(7),)) == 7
+    assert _input_numbers(([torch.zeros(3, 4), torch.zeros(5)], None)) == 17
+    assert _input_numbers((torch.zeros(2), (torch.zeros(3), "a"), 4, [1.0, 2.0])) == 5
 
 
 def _zero_bytes_fp32(n, stage, p):  # 4 + 4 + 8 per parameter, fp32 training: 16 in all too, sharded otherwise
@@ -143,7 +144,7 @@ def _zero_bytes_stage_shards_one_more(n, stage, p):  # stage 1 read as "optimize
 
 
 def _zero_bytes_by_the_calculator(n, stage, p):  # the notebook's widget: it calls sharding.bytes_per_rank
-    from course_lib.support.widgets import MemoryCalculator
+    from course_lib.notebooks.widgets import MemoryCalculator
     calculator = MemoryCalculator(n_params=n, world_size=p, stage=stage, optimizer="adam", precision="mixed")
     return calculator.ledger()["total"]
 

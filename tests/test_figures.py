@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from course_lib.launch import spawn
-from course_lib.support.demos import ring_trace
-from course_lib.support.figures import build_all, ring_sends
+from course_lib.notebooks.demos import ring_trace
+from course_lib.notebooks.figures import build_all, ring_sends
 
 
 def test_make_figures_draws_every_diagram(tmp_path):

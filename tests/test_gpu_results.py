@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from course_lib.support import gpu_results
+from course_lib.notebooks import gpu_results
 
 R = gpu_results.load()
 S = R["sections"]

@@ -2,8 +2,8 @@ import torch
 from torch import nn
 
 from course_lib.launch import spawn
-from course_lib.support.digits import digits_tensors, mlp
 from course_lib.train import TrainConfig, train_several
+from course_lib.utils.digits import digits_tensors, mlp
 from tests import ddp_workers as W
 
 STEPS, BATCH = 6, 64

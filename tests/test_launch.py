@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from course_lib import launch
-from course_lib.support import demos
+from course_lib.notebooks import demos
 from tests import workers
 
 REPO = Path(__file__).resolve().parent.parent

@@ -6,7 +6,7 @@ import torch
 
 from course_lib import local_sgd
 from course_lib.launch import spawn
-from course_lib.support import local_sgd_runs as R
+from course_lib.notebooks import local_sgd_runs as R
 from tests import local_sgd_workers as W
 
 CONFIGS = [(period, warmup, groups) for period in (1, 2, 4) for warmup in (0, 3) for groups in (False, True)]

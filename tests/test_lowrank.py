@@ -5,7 +5,7 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _orthogonalize_gram_schmidt
 
 from course_lib import lowrank as L
-from course_lib.support import exercises as ex
+from course_lib.notebooks import exercises as ex
 
 
 def _decaying(n=120, m=80, seed=0):
@@ -163,7 +163,7 @@ def test_exercise_checks(capsys):
 
 
 def test_a_slow_call_is_timed_once_after_its_warm_up():
-    from course_lib.support.timing import median_seconds
+    from course_lib.utils.timing import median_seconds
 
     calls = []
 

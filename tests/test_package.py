@@ -1,5 +1,5 @@
-"""The package's shape: what depends on what is visible at the top of each module, no circles,
-and the package docstring is a map of every module."""
+"""The package's shape: what depends on what is visible at the top of each module, no circles, no
+import from a lower floor to a higher one, and the package docstring is a map of every module."""
 
 import ast
 import pkgutil
@@ -32,8 +32,8 @@ def _imported(node: ast.AST) -> list[str]:
 
 def test_the_map_is_walked():
     names = set(_modules())
-    assert {"course_lib.launch", "course_lib.powersgd", "course_lib.support.exercises"} <= names
-    assert len(names) >= 16 and "course_lib.support" in names
+    assert {"course_lib.launch", "course_lib.powersgd", "course_lib.notebooks.exercises.nb04"} <= names
+    assert len(names) >= 16 and {"course_lib.utils", "course_lib.notebooks"} <= names
 
 
 def test_no_import_inside_a_function():
@@ -58,6 +58,31 @@ def test_no_two_modules_import_each_other():
     assert "course_lib.costmodel" in graph["course_lib.bandwidth"]  # the walk sees real edges
 
 
+def _floor(module: str) -> int:
+    """0: the utilities at the ground (course_lib.utils); 1: the algorithms; 2: what the notebooks use."""
+    parts = module.split(".")
+    return 0 if parts[1:2] == ["utils"] else 2 if parts[1:2] == ["notebooks"] else 1
+
+
+def _upward(modules: dict[str, ast.Module]) -> list[str]:
+    """Every import of a course_lib module from a lower floor than its own, as "importer -> imported"."""
+    return [f"{name} -> {m}" for name, tree in modules.items() for node in ast.walk(tree) for m in _imported(node)
+            if m in modules and _floor(m) > _floor(name)]
+
+
+def test_no_import_runs_from_a_lower_floor_to_a_higher_one():
+    modules = _modules()
+    assert _upward(modules) == []
+    # the check sees a planted one, whichever floor it runs up from
+    planted = dict(modules)
+    planted["course_lib.utils.checks"] = ast.parse("from course_lib import collectives")
+    planted["course_lib.sharding"] = ast.parse("from course_lib.notebooks.widgets import memory_calculator")
+    assert sorted(_upward(planted)) == ["course_lib.sharding -> course_lib.notebooks.widgets",
+                                        "course_lib.utils.checks -> course_lib.collectives"]
+    # and the floors are populated: utilities below, algorithms that use them, notebooks' material on top
+    assert {_floor(name) for name in modules} == {0, 1, 2}
+
+
 def test_the_package_docstring_names_every_module():
     doc = course_lib.__doc__
     missing = [name for name in _modules() if name != "course_lib" and f"``{name.split('.', 1)[1]}``" not in doc]
@@ -73,8 +98,8 @@ def test_the_training_script_needs_no_jupyter():
                "        if name.split('.')[0] in ('IPython', 'ipywidgets', 'ipykernel'):\n"
                "            raise ImportError('no ' + name + ' here')\n"
                "sys.meta_path.insert(0, Block())\n"
-               "import course_lib.train, course_lib.support.hook_runs, course_lib.support.progress\n"
-               "from course_lib.support.progress import progress_bar\n"
+               "import course_lib.train, course_lib.notebooks.hook_runs, course_lib.utils.progress\n"
+               "from course_lib.utils.progress import progress_bar\n"
                "bar = progress_bar(total=2)\nbar.update(2)\nbar.close()\nprint('imported')\n")
     run = subprocess.run([sys.executable, "-c", blocker], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and "imported" in run.stdout, run.stderr[-2000:]

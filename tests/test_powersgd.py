@@ -9,7 +9,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_p
 
 from course_lib import powersgd
 from course_lib.launch import WorkerError, spawn
-from course_lib.support.hook_runs import callbacks_that_wait, hook_timeline, try_training, try_worker
+from course_lib.notebooks.hook_runs import callbacks_that_wait, hook_timeline, try_training, try_worker
 from course_lib.train import TrainConfig, ddp_train, train_several
 from tests import ddp_workers as W
 
@@ -296,7 +296,7 @@ def test_try_training_takes_a_list_of_configs():
 
 
 def test_numbers_per_step_reproduces_the_papers_resnet18_ratios():
-    from course_lib.support.shapes import resnet18_cifar_shapes
+    from course_lib.utils.shapes import resnet18_cifar_shapes
     shapes = [shape for _, shape in resnet18_cifar_shapes()]
     assert sum(int(np.prod(s)) for s in shapes) == 11_173_962  # ResNet-18 for CIFAR-10's well-known count
     for r, paper in ((1, 243), (2, 136), (4, 72)):  # Vogels et al. 2019, Table 3
@@ -365,7 +365,7 @@ def test_numbers_per_step_and_memory_agree_with_both_hooks_at_every_min_compress
     """numbers_per_step against what the course's hook sent (hooks.traffic) and what both hooks count
     (compression_stats), and notebook 06's memory exercise against what both states keep: at rates
     where both vectors (6 and 10: compressed below 6/7 and 10/11), one, or none go as n x 1 matrices."""
-    from course_lib.support import exercises
+    from course_lib.notebooks.exercises import nb06
 
     settings = [(which, r, rate, ef, warm) for which in ("course", "torch") for r in (1, 2)
                 for rate in (0, 0.5, 0.88, 1, 2, 8) for ef, warm in ((True, True), (False, True), (True, False))]
@@ -376,7 +376,7 @@ def test_numbers_per_step_and_memory_agree_with_both_hooks_at_every_min_compress
         assert row["stats"] == (before, after), (which, r, rate)
         if which == "course":
             assert row["sent"] == {"collectives": 2, "bytes": 4 * after}, (r, rate)
-        assert row["memory"] == exercises._memory_per_rank(row["shapes"], r, rate, ef, warm), (which, r, rate, ef, warm)
+        assert row["memory"] == nb06._memory_per_rank(row["shapes"], r, rate, ef, warm), (which, r, rate, ef, warm)
         if which == "torch":  # torch also keeps its P buffers with warm start: n x r per compressed tensor
             matrices = [(s[0], math.prod(s[1:])) for s in row["shapes"]]
             p_numbers = sum(n * min(n, m, r) for n, m in matrices

@@ -8,7 +8,7 @@ import torch
 
 from course_lib import sharding
 from course_lib.launch import spawn
-from course_lib.support.digits import mlp
+from course_lib.utils.digits import mlp
 from tests import sharding_workers as W
 
 
@@ -69,7 +69,7 @@ def test_a_checkpoint_with_an_lr_scheduler_resumes_as_plain_adam(kind):
 
 def test_sharded_optimizer_has_zero_redundancy_optimizers_interface():
     first, second = spawn(W.sharded_optimizer_api, 2, backend="gloo")
-    for rank, out in enumerate((first, second)):
+    for out in (first, second):
         assert out["adam_keys_visible"], "the keys the local optimizer adds to its groups are visible"
         assert out["moved_under_lr_0"] == 0.0, "LambdaLR set every lr to 0: no parameter may move"
         assert out["lrs_in_local_groups"] == [0.0, 0.0]

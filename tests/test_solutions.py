@@ -11,7 +11,8 @@ import torch
 from course_lib import costmodel as C
 from course_lib import data_parallel as dp
 from course_lib import lowrank as L
-from course_lib.support import exercises as ex
+from course_lib.notebooks import exercises as ex
+from course_lib.notebooks.exercises import nb06 as exercises_nb06
 from solutions import nb00, nb01, nb02, nb03, nb04, nb05, nb06, nb07, nb08, nb09, nb10
 from tests import exercise_answers as A
 from tests.test_exercises import LOCAL_SGD_NEAR_MISSES, SHARDING_NEAR_MISSES
@@ -205,13 +206,13 @@ def _buffers_compressed_per_worker(grads, compress):
 
 def _buffers_own_for_both(grads, compress):
     """Worker 0's buffer given as the mean too: what the old plot of rank 0's buffer showed."""
-    _, own = ex._mean_and_own_buffer(grads, compress)
+    _, own = exercises_nb06._mean_and_own_buffer(grads, compress)
     return own, own
 
 
 def _buffers_last_step_only(grads, compress):
     """The buffers of the last step alone, as if nothing were carried over."""
-    return ex._mean_and_own_buffer(grads[-1:], compress)
+    return exercises_nb06._mean_and_own_buffer(grads[-1:], compress)
 
 
 def _numbers_per_step_vectors_never_compressed(shapes, r, rate):

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from course_lib import lowrank
-from course_lib.support.widgets import bandwidth_explorer, hopper_gray, rank_explorer
+from course_lib.notebooks.widgets import bandwidth_explorer, hopper_gray, rank_explorer
 
 
 def _matrices():
@@ -121,7 +121,7 @@ def test_the_curve_is_the_svd_optimum_at_every_rank():
 
 
 def test_compression_slider_moves_the_verdict():
-    from course_lib.support.widgets import compression_explorer
+    from course_lib.notebooks.widgets import compression_explorer
     fp32 = {"compute_s": 0.002, "codec_s": 0.0, "collectives": [("all_reduce", 400_000)], "overlap_s": 0.0}
     topk = {"compute_s": 0.002, "codec_s": 0.001, "collectives": [("all_gather", 8_000)], "overlap_s": 0.0}
     w = compression_explorer({"fp32 all-reduce": fp32, "top-k": topk}, world_size=2, alpha_s=1e-4, busbw=0.05)
@@ -139,7 +139,7 @@ def test_compression_slider_moves_the_verdict():
 # The ZeRO memory calculator (notebook 04)
 
 def _calculator(**kwargs):
-    from course_lib.support.widgets import memory_calculator
+    from course_lib.notebooks.widgets import memory_calculator
     return memory_calculator(**kwargs)
 
 
@@ -257,7 +257,7 @@ _TOPK = {"compute_s": 0.02, "codec_s": 0.004, "collectives": [("all_gather", 440
 
 
 def _periods(**kwargs):
-    from course_lib.support.widgets import period_explorer
+    from course_lib.notebooks.widgets import period_explorer
     return period_explorer(**{**_LOCAL, "references": {"fp32 all-reduce (DDP)": _DDP, "top-k 1%": _TOPK,
                                                        "measured, 50 ms": 0.05}, **kwargs})
 
@@ -345,7 +345,7 @@ def test_plain_averaging_every_step_is_no_faster_than_ddp():
 
 
 def test_a_reference_no_slower_than_computing_alone_is_never_beaten():
-    from course_lib.support.widgets import period_explorer
+    from course_lib.notebooks.widgets import period_explorer
     no_comm = {"compute_s": 0.02, "codec_s": 0.0, "collectives": []}  # computation alone: equal at best
     w = period_explorer(**_LOCAL, references={"no communication": no_comm, "a faster GPU": 0.015,
                                               "fp32 all-reduce (DDP)": _DDP}, busbw=0.01, period=1024)
@@ -399,7 +399,7 @@ def test_period_explorer_picture_is_the_curve_and_the_references():
     (dict(compute_label=3), "compute_label"),
 ])
 def test_period_explorer_rejects_bad_arguments(kwargs, message):
-    from course_lib.support.widgets import period_explorer
+    from course_lib.notebooks.widgets import period_explorer
     args = {**_LOCAL, "references": {"fp32 all-reduce (DDP)": _DDP}, **kwargs}
     with pytest.raises(ValueError, match=message):
         period_explorer(**args)

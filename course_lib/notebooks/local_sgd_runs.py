@@ -18,7 +18,7 @@ from torch.distributed.optim import PostLocalSGDOptimizer as TorchPostLocalSGDOp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib import collectives, local_sgd
-from course_lib.support.digits import batch_slice, digits_tensors, mlp
+from course_lib.utils.digits import batch_slice, digits_tensors, mlp
 
 __all__ = ["HIDDEN", "BATCH", "STEPS", "averagers", "post_local", "post_local_pairs", "drift", "train", "sweep"]
 

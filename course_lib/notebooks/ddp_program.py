@@ -4,7 +4,7 @@
 itself, wraps the model in ``DistributedDataParallel``, registers a communication hook, trains and
 leaves. ``torch.multiprocessing.spawn`` starts it; ``course_lib.launch.spawn`` starts
 ``train_steps``, its middle part, in a group already joined. Run as a script under ``torchrun``
-(``python -m course_lib.support.ddp_program``), this module prints the ranks torchrun gave it.
+(``python -m course_lib.notebooks.ddp_program``), this module prints the ranks torchrun gave it.
 ``one_step_gradients`` and ``check_gradient`` test communication hooks: a hook is right when the
 gradient it leaves after one backward is the whole batch's, computed in one process, to within
 the rounding of the hook's precision. ``bucket_layouts`` shows the buckets DDP hands its hook.
@@ -25,8 +25,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib import hooks
-from course_lib.support.digits import batch_slice, digits_tensors, mlp
 from course_lib.train import TrainConfig, make_hook
+from course_lib.utils.digits import batch_slice, digits_tensors, mlp
 
 __all__ = ["train_steps", "ddp_program", "fail_on_rank_one", "torch_bf16_refusal", "ddp_accepts_bf16_hook",
            "torch_fp16_wrapped_allreduce_hook", "one_step_gradients",
@@ -213,7 +213,7 @@ def two_node_torchrun(port: int, nproc_per_node: int = 2, timeout_s: float = 120
     and the lines the processes printed, sorted by RANK."""
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node",
                str(nproc_per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-               "--rdzv-id", "two_nodes", "-m", "course_lib.support.ddp_program"]
+               "--rdzv-id", "two_nodes", "-m", "course_lib.notebooks.ddp_program"]
     with tempfile.TemporaryDirectory() as logs:
         files = [(open(os.path.join(logs, f"node{i}.out"), "w"), open(os.path.join(logs, f"node{i}.err"), "w"))
                  for i in range(2)]

@@ -7,7 +7,7 @@ a 1x1 convolution with batch norm on each shortcut that changes shape, and a 512
 Convolutions have no bias; every batch norm has a weight and a bias.
 """
 
-from course_lib.support import checks
+from course_lib.utils import checks
 
 __all__ = ["resnet18_cifar_shapes"]
 

@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from course_lib.support import checks
+from course_lib.utils import checks
 
 __all__ = ["median_seconds"]
 

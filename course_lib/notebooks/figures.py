@@ -1,6 +1,6 @@
 """The course's diagrams, drawn by code so they can be regenerated: ``make figures`` writes ``img/``.
 
-``python -m course_lib.support.figures [FOLDER]`` draws:
+``python -m course_lib.notebooks.figures [FOLDER]`` draws:
 
 * ``ddp_procedure.png``: broadcast the parameters, forward/backward on each worker's batch,
   all-reduce the gradients, identical updates;
@@ -23,7 +23,7 @@ from matplotlib.legend_handler import HandlerTuple
 from matplotlib.patches import FancyBboxPatch, Patch
 
 from course_lib.launch import spawn
-from course_lib.support.demos import ring_trace
+from course_lib.notebooks.demos import ring_trace
 
 __all__ = ["ddp_procedure", "bucket_hook_future", "powersgd_factorization", "ring_allreduce", "ring_sends",
            "plot_ring_trace", "plot_graph_states", "plot_timeline", "build_all"]
@@ -131,7 +131,7 @@ def ring_allreduce():
 def ring_sends(traces: list) -> list[list[tuple[int, int, int]]]:
     """Who sent which chunk to whom at each step of a traced ring all-reduce, read off the trace.
 
-    ``traces[rank]`` is :func:`course_lib.support.demos.ring_trace`'s list of states. The chunk a
+    ``traces[rank]`` is :func:`course_lib.notebooks.demos.ring_trace`'s list of states. The chunk a
     step changed on a rank is the one it received; it came from the left neighbour, which sends the
     chunk of the same index. Returns, per step, ``(sender, receiver, chunk)`` for every sender.
     """
@@ -153,7 +153,7 @@ def plot_ring_trace(traces: list):
     """One panel per step of a traced ring all-reduce: each rank's chunks after the step, and an
     arrow from every rank to its right neighbour naming the chunk it sent in that step.
 
-    Rank r contributes 2**r to every chunk (:func:`course_lib.support.demos.ring_trace`), so a
+    Rank r contributes 2**r to every chunk (:func:`course_lib.notebooks.demos.ring_trace`), so a
     chunk's value lists, in binary, the ranks whose data it holds.
     """
     p = len(traces)

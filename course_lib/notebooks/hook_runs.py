@@ -26,8 +26,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from course_lib import hooks
 from course_lib.data_parallel import Event
 from course_lib.launch import WorkerError, spawn
-from course_lib.support.digits import batch_slice, digits_tensors, mlp
 from course_lib.train import TrainConfig, ddp_train, make_hook, train_several
+from course_lib.utils.digits import batch_slice, digits_tensors, mlp
 
 __all__ = ["Frame", "Outcome", "try_training", "try_worker", "callbacks_that_wait", "hook_timeline"]
 
@@ -179,7 +179,7 @@ def hook_timeline(rank: int, world_size: int, config: TrainConfig,
                   hook_names: tuple = ("powersgd", "ordered_powersgd")) -> dict:
     """Worker: ``config.steps`` steps with each hook in ``hook_names`` in turn, step by step (all see
     the same machine load); per hook, the timeline of the last step in the format of
-    :func:`course_lib.support.figures.plot_timeline`, and each step's time (forward, backward,
+    :func:`course_lib.notebooks.figures.plot_timeline`, and each step's time (forward, backward,
     communication, update).
 
     ``events`` holds ``data_parallel.Event("backward", parameter, start, end)`` for each gradient

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from course_lib.support import checks
+from course_lib.utils import checks
 
 __all__ = ["digits_tensors", "mlp", "batch_slice", "gradient_snapshots"]
 

@@ -19,7 +19,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib import collectives, sharding
-from course_lib.support.digits import batch_slice, digits_tensors, mlp
+from course_lib.utils.digits import batch_slice, digits_tensors, mlp
 
 __all__ = ["HIDDEN", "BATCH", "LR", "STEPS", "notebook_model", "layers", "split_all_reduce", "zero1_against_torch",
            "every_stage", "prefetch_runs"]
