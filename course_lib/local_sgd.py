@@ -53,20 +53,20 @@ def _tensors(params, with_grad_only: bool) -> list[torch.Tensor]:
 
 
 @torch.no_grad()
-def average_parameters(params, group=None, with_grad_only: bool = False) -> None:
+def average_parameters(params, process_group=None, with_grad_only: bool = False) -> None:
     """Replace each parameter by its mean over the ranks: one ring all-reduce of all of them, flat.
 
     Every parameter given is averaged, as by torch's ``model_averaging.utils.average_parameters``;
     ``with_grad_only`` skips those without a gradient, as torch's averagers do. A rank outside
-    ``group`` returns at once, as it does from torch's collectives."""
-    if group is not None and dist.get_rank(group) < 0:
+    ``process_group`` returns at once, as it does from torch's collectives."""
+    if process_group is not None and dist.get_rank(process_group) < 0:
         return
     tensors = _tensors(params, with_grad_only)
     if not tensors:
         return
     flat = torch.cat([p.reshape(-1) for p in tensors])
-    flat /= dist.get_world_size(group)  # divided first, then summed: as torch's averager
-    collectives.ring_all_reduce(flat, group=group)
+    flat /= dist.get_world_size(process_group)  # divided first, then summed: as torch's averager
+    collectives.ring_all_reduce(flat, group=process_group)
     offset = 0
     for p in tensors:
         p.copy_(flat[offset:offset + p.numel()].view_as(p))

@@ -173,7 +173,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     Left out of torch's class, by design: ``parameters_as_bucket_view`` (flat buffers to broadcast),
     ``overlap_with_ddp`` (the step inside DDP's hook) and ``Join`` (uneven inputs); asking for the
-    first two raises. Sparse parameters are refused, as torch's refuses them.
+    first two raises. Sparse parameters are refused, as torch's refuses them; parameters of different
+    dense dtypes (float32 beside float64) are accepted, where torch's refuses them (its flat buffers
+    need one dtype; this class broadcasts each parameter on its own).
     """
 
     def __init__(self, params, optimizer_class: type[torch.optim.Optimizer], process_group=None,

@@ -93,7 +93,7 @@ def averaging_edges(rank, world_size):
 
     pair = dist.new_group([0, 1])  # every rank creates it; rank 2 is outside it
     value = torch.full((5,), float(rank))
-    local_sgd.average_parameters([value], group=pair)
+    local_sgd.average_parameters([value], process_group=pair)
     out["pair_average"] = value.tolist()
     outside = torch.full((3,), float(rank))
     out["collective_outside"] = (collectives.ring_all_reduce(outside, group=pair) is outside, outside.tolist())
