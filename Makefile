@@ -3,7 +3,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip install --disable-pip-version-check -q -c constraints.txt
-NBVAL  := $(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg
+# --durations: the slowest cells and their times, at the end of each run (no cell should take a minute)
+NBVAL  := $(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg --durations=8
 # JupyterLab refuses to run as root unless told; containers often run as root.
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
@@ -69,7 +70,7 @@ nbval-other-cpu: $(VENV)/.test
 	cp -r notebooks img $(OTHER_CPU_DIR)/ && cp -r benchmarks/results $(OTHER_CPU_DIR)/benchmarks/
 	rm -f $(OTHER_CPU_DIR)/notebooks/my_*.py
 	cd $(OTHER_CPU_DIR) && env $(CPU_DEFAULT) $(ONE_THREAD) $(abspath $(BIN))/python -m pytest --nbval \
-		--nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg $(NOTEBOOKS)
+		--nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg --durations=8 $(NOTEBOOKS)
 
 ## nbval under every kernel set this CPU can emulate, and with one thread; says which failed
 portability: $(VENV)/.test

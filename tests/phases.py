@@ -13,12 +13,15 @@ own session gets the niceness too (/proc/self/autogroup). Niceness changes when 
 CPU, not what it computes. A target's output goes to
 ``build/logs/TARGET.log`` and is printed whole when it ends, so that outputs never interleave. Every
 step runs even when one before it failed (except after a failed install: nothing can run then); the
-table at the end says which failed, and the exit status is 1 if any did.
+table at the end says which failed, and the exit status is 1 if any did. A target whose tests were
+all skipped (the browser test without chromium) is marked SKIPPED in the table and in its last
+line, with pytest's reason: a skipped phase is not a passed one.
 
 Standard library only: it runs before the virtual environment exists (the install phase builds it).
 """
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -96,6 +99,25 @@ def _wait(running: dict, done: list) -> None:
         time.sleep(0.5)
 
 
+def skipped(log: str) -> str | None:
+    """Why a target that passed ran no test, from its pytest log: the reasons of ``-rs`` (or the
+    summary line), where its summary counts skipped tests and none that passed. A skipped target is
+    not a passed one, and the table says so."""
+    summaries = re.findall(r"^=*\s*((?:\d+ \w+(?:, )?)+) in [\d.]+s", log, flags=re.M)
+    if not summaries or "skipped" not in summaries[-1] or "passed" in summaries[-1]:
+        return None
+    reasons = sorted(set(re.findall(r"^SKIPPED \[\d+\] [^:]+:\d+: (.*)$", log, flags=re.M)))
+    return "; ".join(reasons) or summaries[-1]
+
+
+def _status(target: str, code: int) -> str:
+    if code != 0:
+        return "FAILED"
+    log = LOGS / f"{target}.log"
+    why = skipped(log.read_text(errors="replace")) if log.exists() else None
+    return f"SKIPPED: {why}" if why else "passed"
+
+
 def main(steps: list[str]) -> int:
     start = time.monotonic()
     rows = []  # (step, target, seconds, status)
@@ -110,10 +132,16 @@ def main(steps: list[str]) -> int:
             break
     total = time.monotonic() - start
     print("\nwhere make test's time went (wall-clock seconds; targets of one step ran side by side):")
-    for _, target, seconds, code in rows:
-        print(f"  {target:17} {seconds:6.0f} s  {'passed' if code == 0 else 'FAILED'}")
-    failed = [target for _, target, _, code in rows if code != 0 and target != "(together)"]
-    print(f"  {'total':17} {total:6.0f} s  {'FAILED: ' + ' '.join(failed) if failed else 'passed'}")
+    statuses = [(target, seconds, code, "FAILED" if code else "passed") if target == "(together)"
+                else (target, seconds, code, _status(target, code)) for _, target, seconds, code in rows]
+    for target, seconds, _, status in statuses:
+        print(f"  {target:17} {seconds:6.0f} s  {status}")
+    failed = [target for target, _, code, _ in statuses if code != 0 and target != "(together)"]
+    skips = [target for target, _, _, status in statuses if status.startswith("SKIPPED")]
+    verdict = "FAILED: " + " ".join(failed) if failed else "passed"
+    if skips:
+        verdict += f", but SKIPPED (ran no test): {' '.join(skips)}"
+    print(f"  {'total':17} {total:6.0f} s  {verdict}")
     return 1 if failed else 0
 
 

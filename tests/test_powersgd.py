@@ -202,7 +202,7 @@ def test_try_training_says_how_torchs_layerwise_hook_ends_with_many_buckets_on_g
 def test_callbacks_that_wait_deadlock_gloos_two_threads_and_one_in_flight_does_not():
     # torch's layer-wise hook's pattern alone: each callback issues an all-reduce and waits for it, on the
     # gloo thread that ran the collective; with two in flight both of rank 0's gloo threads wait, every
-    # time (rank 1's all-reduces can finish before it attaches its callbacks, so its count is a race)
+    # time (rank 1 issues the same all-reduces without callbacks, after rank 0 has attached its own)
     two = try_worker(callbacks_that_wait, 2, 2, timeout_s=12)
     assert two.kind == "hung", two
     waiting = [f for f in two.stacks[0] if f.function == "callback"]

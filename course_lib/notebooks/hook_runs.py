@@ -132,11 +132,12 @@ def try_worker(fn, world_size: int, *args, timeout_s: float = 10.0) -> Outcome:
 
 
 def callbacks_that_wait(rank: int, world_size: int, in_flight: int = 2) -> list[str]:
-    """Worker: torch's PowerSGD hook's pattern alone. ``in_flight`` all-reduces at once; the callback of
-    each one's future issues another all-reduce and waits for it. Rank 1 issues its all-reduces only
-    once rank 0 has attached its callbacks (a barrier on a second group, which has threads of its own),
-    so rank 0's all-reduces cannot finish before their callbacks are attached, and rank 0's callbacks
-    run on gloo's threads, however loaded the machine. Returns the threads the callbacks ran on."""
+    """Worker: torch's PowerSGD hook's pattern alone, on rank 0. ``in_flight`` all-reduces at once; the
+    callback of each one's future issues another all-reduce and waits for it. The other ranks issue the
+    same all-reduces in the same order without callbacks, so that no pairing can go wrong, and only once
+    rank 0 has attached its callbacks (a barrier on a second group, which has threads of its own): rank
+    0's all-reduces cannot finish before then, so its callbacks run on gloo's threads, however loaded
+    the machine. Returns the threads rank 0's callbacks ran on."""
     ran_on = []
     side = dist.new_group(backend="gloo")
 
@@ -147,9 +148,12 @@ def callbacks_that_wait(rank: int, world_size: int, in_flight: int = 2) -> list[
 
     if rank != 0:
         dist.barrier(group=side)
+        works = [dist.all_reduce(torch.ones(n), async_op=True) for n in [4] * in_flight + [1] * in_flight]
+        for work in works:
+            work.wait()
+        return ran_on
     futures = [dist.all_reduce(torch.ones(4), async_op=True).get_future().then(callback) for _ in range(in_flight)]
-    if rank == 0:
-        dist.barrier(group=side)
+    dist.barrier(group=side)
     for future in futures:
         future.wait()
     return ran_on
