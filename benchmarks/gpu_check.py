@@ -18,7 +18,7 @@ notebooks read (always labelled with the device it was measured on):
    model per hook; the kernels each hook launches per step (profiler) and the time of one launch.
 
     PYTHONPATH=. python benchmarks/gpu_check.py [--out benchmarks/results/gpu_check.json]
-    PYTHONPATH=. python benchmarks/gpu_check.py --dry-run --out /tmp/gpu_check.json   # no GPU: gloo, CPU
+    PYTHONPATH=. python benchmarks/gpu_check.py --dry-run   # no GPU: gloo, CPU; to build/gpu_check_dry_run.json
 
 Each section runs on its own; one that fails is recorded with its error and the rest go on. A
 section's ``ok`` says that it ran to its end; inside it, each check that failed has its own ``ok:
@@ -555,9 +555,14 @@ def training_step(backend, quick):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "gpu_check.json"))
+    ap.add_argument("--out", help="where the results go (default: benchmarks/results/gpu_check.json; in a dry "
+                                   "run, build/gpu_check_dry_run.json, so that it never replaces a GPU's results)")
     ap.add_argument("--dry-run", action="store_true", help="no GPU: every section on the CPU over gloo, small sizes")
     args = ap.parse_args(argv)
+    if args.out is None:
+        here = os.path.dirname(os.path.abspath(__file__))
+        args.out = (os.path.join(here, "..", "build", "gpu_check_dry_run.json") if args.dry_run
+                    else os.path.join(here, "results", "gpu_check.json"))
     if not args.dry_run and not torch.cuda.is_available():
         sys.exit("no CUDA GPU visible: this script checks the GPU paths. Use --dry-run to check the script on a CPU.")
     device = torch.device("cpu") if args.dry_run else torch.device("cuda", 0)
