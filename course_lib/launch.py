@@ -68,6 +68,7 @@ __all__ = [
     "init_from_env",
     "worker_device",
     "free_port",
+    "retry_if_port_taken",
     "report_progress",
     "START_METHOD",
 ]
@@ -78,13 +79,15 @@ __all__ = [
 # what is sent to it; the tests run the same workers under both and compare their results.
 START_METHOD = "forkserver" if sys.platform.startswith("linux") else "spawn"
 START_METHODS = ("spawn", "forkserver")
-# What the fork server imports before it forks anything: what every worker needs, once.
+# What the fork server imports before it forks anything: what every worker needs, once. torch._dynamo
+# (with sympy, about 800 modules) is what DistributedDataParallel's first construction in a process
+# imports: a second of CPU per worker, paid once here instead.
 # (A module a student edits, such as a notebook's my_workers.py, is left out: each worker imports it
 # afresh, as under spawn. course_lib itself is imported once per kernel, in the kernel as in the server.)
-_PRELOAD = ["torch", "torch.distributed", "course_lib.launch", "course_lib.collectives", "course_lib.data_parallel",
-            "course_lib.utils.digits", "course_lib.notebooks.demos", "course_lib.notebooks.hook_runs",
-            "course_lib.notebooks.sharding_runs", "course_lib.notebooks.local_sgd_runs",
-            "course_lib.notebooks.exercises"]
+_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "course_lib.launch", "course_lib.collectives",
+            "course_lib.data_parallel", "course_lib.utils.digits", "course_lib.notebooks.demos",
+            "course_lib.notebooks.hook_runs", "course_lib.notebooks.sharding_runs",
+            "course_lib.notebooks.local_sgd_runs", "course_lib.notebooks.exercises"]
 
 # How long a terminated worker gets to exit before it is killed.
 _GRACE_S = 3.0
@@ -115,6 +118,35 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _port_was_taken(exc: BaseException) -> bool:
+    seen = set()
+    while exc is not None and id(exc) not in seen:  # the error, and what caused it
+        seen.add(id(exc))
+        text = str(exc).lower()
+        if "eaddrinuse" in text or "address already in use" in text:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def retry_if_port_taken(run, attempts: int = 3):
+    """Return ``run()``; call it again, up to ``attempts`` calls in all, while it fails on a port already in use.
+
+    A port :func:`free_port` found free can be taken before the process meant to listen on it binds it:
+    on a busy machine other programs' connections (gloo's among them) take ports of the same range all
+    the time. So ``run`` must choose its ports afresh each time it is called. Any other error, and the
+    last attempt's, is raised as it is.
+    """
+    if not isinstance(attempts, int) or attempts < 1:
+        raise ValueError(f"attempts must be an integer >= 1, got {attempts!r}")
+    for attempt in range(attempts):
+        try:
+            return run()
+        except Exception as exc:
+            if attempt == attempts - 1 or not _port_was_taken(exc):
+                raise
 
 
 def pick_backend(world_size: int) -> str:

@@ -40,12 +40,12 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_p
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib import compression, compressors, hooks, memory, powersgd
-from course_lib.launch import init_from_env, report_progress, worker_device
+from course_lib.launch import init_from_env, report_progress, spawn, worker_device
 from course_lib.utils import checks
 from course_lib.utils.digits import batch_slice, digits_tensors, mlp
 
 __all__ = ["HOOKS", "COMPRESSION_HOOKS", "TrainConfig", "TrainResult", "make_hook", "ddp_train", "train_several",
-           "main"]
+           "TrainingInParts", "main"]
 
 # the hooks built from course_lib.compression (compression_hook with one compressor each)
 COMPRESSION_HOOKS = ("topk", "randomk", "threshold", "qsgd", "signsgd", "terngrad", "dgc")
@@ -446,6 +446,47 @@ def train_several(rank: int, world_size: int, configs: list[TrainConfig]) -> lis
     """Worker: :func:`ddp_train` once per config, one after another in the same processes
     (starting processes costs seconds; a notebook experiment starts them once)."""
     return [ddp_train(rank, world_size, c) for c in configs]
+
+
+class TrainingInParts:
+    """:func:`train_several` over ``configs`` on ``world_size`` ranks, in ``parts`` spawn calls.
+
+    One call of :meth:`run` per notebook cell keeps each cell short (a cell that runs for minutes looks
+    hung, and a CI gives each cell a time limit). The parts follow the order of ``configs`` and hold
+    about equal numbers of steps. :attr:`done` is what ``spawn(train_several, world_size, configs,
+    ...)`` would return: one list of results per rank, in the order of ``configs``. ``spawn_kwargs``
+    go to :func:`~course_lib.launch.spawn` (``backend``, ``timeout_s``, ...).
+    """
+
+    def __init__(self, configs: list[TrainConfig], parts: int, world_size: int = 2, **spawn_kwargs):
+        configs = list(configs)
+        if not configs or not all(isinstance(c, TrainConfig) for c in configs):
+            raise ValueError("configs must be a non-empty list of TrainConfig")
+        if not isinstance(parts, int) or isinstance(parts, bool) or not 1 <= parts <= len(configs):
+            raise ValueError(f"parts must be an integer from 1 to len(configs) = {len(configs)}, got {parts!r}")
+        total, before, self.parts = sum(c.steps for c in configs), 0, [[] for _ in range(parts)]
+        for c in configs:  # a config goes to the part in which its first step falls
+            self.parts[min(parts - 1, before * parts // total)].append(c)
+            before += c.steps
+        self.parts = [p for p in self.parts if p]  # (a long config can leave a part empty)
+        self.world_size, self.spawn_kwargs = world_size, spawn_kwargs
+        self._done: list = [None] * len(self.parts)
+
+    def run(self, part: int) -> None:
+        """Train part ``part`` (0 to ``len(self.parts) - 1``), again if it was trained before."""
+        if not isinstance(part, int) or not 0 <= part < len(self.parts):
+            raise ValueError(f"part must be an integer from 0 to {len(self.parts) - 1}, got {part!r}")
+        configs = self.parts[part]
+        self._done[part] = spawn(train_several, self.world_size, configs, progress=sum(c.steps for c in configs),
+                                 desc=f"training, part {part + 1} of {len(self.parts)}", **self.spawn_kwargs)
+
+    @property
+    def done(self) -> list[list[TrainResult]]:
+        missing = [k for k, d in enumerate(self._done) if d is None]
+        if missing:
+            raise RuntimeError(f"part(s) {missing} not trained yet: run the cells that call run({missing[0]}) "
+                               f"and the ones after it")
+        return [[r for d in self._done for r in d[rank]] for rank in range(self.world_size)]
 
 
 # The flags' groups in --help, as TrainConfig's comments head them: each group starts at its first field.

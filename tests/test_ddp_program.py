@@ -4,7 +4,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from course_lib.launch import free_port, spawn
+from course_lib.launch import free_port, retry_if_port_taken, spawn
 from course_lib.notebooks import ddp_program
 from course_lib.utils.digits import batch_slice, digits_tensors, mlp
 
@@ -35,7 +35,7 @@ def test_the_plain_ddp_program_under_mp_spawn_agrees_with_launch_spawn(tmp_path)
 
 
 def test_two_torchrun_nodes_give_each_process_its_ranks():
-    _, lines = ddp_program.two_node_torchrun(free_port())
+    _, lines = retry_if_port_taken(lambda: ddp_program.two_node_torchrun(free_port()))
     fields = [dict(kv.split("=", 1) for kv in line.split()) for line in lines]
     assert [f["RANK"] for f in fields] == ["0", "1", "2", "3"]
     for f in fields:

@@ -1,8 +1,9 @@
+import pytest
 import torch
 from torch import nn
 
 from course_lib.launch import spawn
-from course_lib.train import TrainConfig, train_several
+from course_lib.train import TrainConfig, TrainingInParts, train_several
 from course_lib.utils.digits import digits_tensors, mlp
 from tests import ddp_workers as W
 
@@ -67,3 +68,43 @@ def test_seed_usages_work_on_gloo_and_wrapper_equals_hook():
     # both ranks hold the same averaged gradient
     for a, b in zip(out[0]["hook"], out[1]["hook"]):
         assert torch.equal(a, b)
+
+
+def test_training_in_parts_gives_what_one_spawn_gives():
+    configs = [TrainConfig(hook=h, steps=s, batch_size=BATCH, eval_every=2, seed=seed, matrix_approximation_rank=1,
+                           start_powerSGD_iter=2)
+               for h, s, seed in (("allreduce", 4, 0), ("powersgd", 6, 1), ("fp16", 2, 2), ("powersgd", 4, 3))]
+    whole = spawn(train_several, 2, configs, backend="gloo")
+    parts = TrainingInParts(configs, 3, backend="gloo")
+    assert [len(p) for p in parts.parts] == [2, 1, 1] and [c for p in parts.parts for c in p] == configs
+    with pytest.raises(RuntimeError, match=r"part\(s\) \[0, 1, 2\] not trained yet"):
+        _ = parts.done
+    for k in (2, 0, 1, 1):  # in any order, one part again
+        parts.run(k)
+    done = parts.done
+    assert len(done) == 2 and [len(d) for d in done] == [4, 4]
+    for rank in range(2):
+        for a, b in zip(done[rank], whole[rank]):
+            assert a.loss == b.loss and a.test_accuracy == b.test_accuracy
+            assert all(torch.equal(x, y) for x, y in zip(a.final_params, b.final_params))
+    # and a wrong join (parts out of order) would not pass the comparison above
+    assert done[0][0].loss != whole[0][1].loss
+
+
+@pytest.mark.parametrize("configs, parts, message", [
+    ([], 1, "non-empty list of TrainConfig"),
+    (["allreduce"], 1, "non-empty list of TrainConfig"),
+    ([TrainConfig()], 0, "parts must be an integer from 1 to len"),
+    ([TrainConfig()], 2, "parts must be an integer from 1 to len"),
+    ([TrainConfig()], 1.0, "parts must be an integer"),
+])
+def test_training_in_parts_refuses_bad_input(configs, parts, message):
+    with pytest.raises(ValueError, match=message):
+        TrainingInParts(configs, parts)
+
+
+def test_training_in_parts_refuses_a_part_that_does_not_exist():
+    parts = TrainingInParts([TrainConfig(steps=2), TrainConfig(steps=2)], 2)
+    for bad in (2, -1, "0"):
+        with pytest.raises(ValueError, match="part must be an integer from 0 to 1"):
+            parts.run(bad)

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import types
@@ -265,8 +266,11 @@ def test_init_from_env_explains_torchrun(monkeypatch):
 
 
 def test_rendezvous_demo_meets_through_tcp_file_and_env(tmp_path):
-    methods = [f"tcp://127.0.0.1:{launch.free_port()}", f"file://{tmp_path}/rendezvous", "env://"]
-    out = launch.spawn(demos.rendezvous_demo, 2, methods, launch.free_port(), backend="gloo")
+    def meet():
+        methods = [f"tcp://127.0.0.1:{launch.free_port()}", f"file://{tempfile.mkdtemp(dir=tmp_path)}/rdzv", "env://"]
+        return launch.spawn(demos.rendezvous_demo, 2, methods, launch.free_port(), backend="gloo")
+
+    out = launch.retry_if_port_taken(meet)
     for rank, rows in enumerate(out):
         assert [r["method"] for r in rows] == ["tcp", "file", "env"]
         assert all(r["rank"] == rank and r["sum"] == 3.0 for r in rows)
@@ -402,3 +406,42 @@ def test_workers_answer_sigint_even_when_their_parent_ignores_it():
         assert launch.spawn(workers.sigint_handler, 2, backend="gloo") == [True, True]
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_retry_if_port_taken_retries_a_taken_port_only():
+    calls = []
+
+    def taken_twice():
+        calls.append(1)
+        if len(calls) < 3:
+            raise launch.WorkerError(0, "DistNetworkError", "port: 1, code: -98, name: EADDRINUSE")
+        return "met"
+
+    assert launch.retry_if_port_taken(taken_twice) == "met" and len(calls) == 3
+    calls.clear()
+    with pytest.raises(launch.WorkerError, match="EADDRINUSE"):  # the last attempt's error, as it was
+        launch.retry_if_port_taken(taken_twice, attempts=2)
+    assert len(calls) == 2
+
+    def taken_underneath():  # the port error as the cause of another
+        calls.append(1)
+        try:
+            raise OSError(98, "Address already in use")
+        except OSError as exc:
+            raise RuntimeError("torchrun exited with codes [1, 1]") from exc
+
+    calls.clear()
+    with pytest.raises(RuntimeError, match="torchrun"):
+        launch.retry_if_port_taken(taken_underneath)
+    assert len(calls) == 3
+
+    def other_error():
+        calls.append(1)
+        raise ValueError("rank 1 found a bad batch")
+
+    calls.clear()
+    with pytest.raises(ValueError, match="bad batch"):  # not a port: no second try
+        launch.retry_if_port_taken(other_error)
+    assert len(calls) == 1
+    with pytest.raises(ValueError, match="attempts"):
+        launch.retry_if_port_taken(other_error, attempts=0)
