@@ -453,9 +453,11 @@ class TrainingInParts:
 
     One call of :meth:`run` per notebook cell keeps each cell short (a cell that runs for minutes looks
     hung, and a CI gives each cell a time limit). The parts follow the order of ``configs`` and hold
-    about equal numbers of steps. :attr:`done` is what ``spawn(train_several, world_size, configs,
-    ...)`` would return: one list of results per rank, in the order of ``configs``. ``spawn_kwargs``
-    go to :func:`~course_lib.launch.spawn` (``backend``, ``timeout_s``, ...).
+    about equal numbers of steps: a config is never split, so a long one makes its part larger (and
+    a part can come out empty and be dropped: ``len(self.parts)`` says how many there are).
+    :attr:`done` is what ``spawn(train_several, world_size, configs, ...)`` would return: one list
+    of results per rank, in the order of ``configs``. ``spawn_kwargs`` go to
+    :func:`~course_lib.launch.spawn` (``backend``, ``timeout_s``, ...).
     """
 
     def __init__(self, configs: list[TrainConfig], parts: int, world_size: int = 2, **spawn_kwargs):
@@ -474,7 +476,7 @@ class TrainingInParts:
 
     def run(self, part: int) -> None:
         """Train part ``part`` (0 to ``len(self.parts) - 1``), again if it was trained before."""
-        if not isinstance(part, int) or not 0 <= part < len(self.parts):
+        if not isinstance(part, int) or isinstance(part, bool) or not 0 <= part < len(self.parts):
             raise ValueError(f"part must be an integer from 0 to {len(self.parts) - 1}, got {part!r}")
         configs = self.parts[part]
         self._done[part] = spawn(train_several, self.world_size, configs, progress=sum(c.steps for c in configs),

@@ -1,6 +1,6 @@
 """Run ``make test``'s phases, some side by side, and print how long each took.
 
-    python3 tests/phases.py install lint "unit:2 nbval nbval-other-cpu browser"
+    python3 tests/phases.py install lint "unit:2 nbval:1 nbval-other-cpu browser"
 
 Each argument is a step; the make targets named in one step run at the same time (on 2 cores the
 unit tests, the two nbval runs and the browser test spend much of their time waiting on each

@@ -1,5 +1,9 @@
 """course_lib.notebooks.ddp_program: notebook 03's programs, run as the notebook runs them."""
 
+import socket
+import time
+
+import pytest
 import torch
 import torch.multiprocessing as mp
 from torch import nn
@@ -59,3 +63,17 @@ def test_torchs_bf16_hook_is_refused_on_a_cpu_build():
         assert message.startswith("TypeError") and "NCCL" in message
     else:
         assert message == "accepted", message
+
+
+def test_a_taken_port_fails_at_once_with_the_port_error_and_a_retry_gets_through():
+    with socket.socket() as holder:  # another program on the rendezvous port
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match="EADDRINUSE") as info:
+            ddp_program.two_node_torchrun(taken, timeout_s=100)
+        assert time.monotonic() - start < 60  # node 0 failed; node 1 was stopped, not waited for
+        ports = iter([taken])  # the retry's second try takes a fresh port
+        _, lines = retry_if_port_taken(lambda: ddp_program.two_node_torchrun(next(ports, None) or free_port()))
+    assert len(lines) == 4 and "taken" in str(info.value)

@@ -105,6 +105,6 @@ def test_training_in_parts_refuses_bad_input(configs, parts, message):
 
 def test_training_in_parts_refuses_a_part_that_does_not_exist():
     parts = TrainingInParts([TrainConfig(steps=2), TrainConfig(steps=2)], 2)
-    for bad in (2, -1, "0"):
+    for bad in (2, -1, "0", True):
         with pytest.raises(ValueError, match="part must be an integer from 0 to 1"):
             parts.run(bad)

@@ -209,29 +209,46 @@ def print_ranks() -> None:
 
 def two_node_torchrun(port: int, nproc_per_node: int = 2, timeout_s: float = 120.0) -> tuple[list[str], list[str]]:
     """Start two ``torchrun`` "nodes" on this machine, meeting at a c10d rendezvous on 127.0.0.1:``port``,
-    each running :func:`print_ranks` in ``nproc_per_node`` processes. Returns the command (one node's)
-    and the lines the processes printed, sorted by RANK."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node",
-               str(nproc_per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-               "--rdzv-id", "two_nodes", "-m", "course_lib.notebooks.ddp_program"]
+    each running :func:`print_ranks` in ``nproc_per_node`` processes. Returns node 0's command (node 1's
+    differs only in ``is_host=0``) and the lines the processes printed, sorted by RANK.
+
+    Node 0 is told to host the rendezvous's store (``--rdzv-conf is_host=1``): left to guess, each node on
+    this machine would try to, and a node whose port another program had taken would quietly connect to
+    that program instead and wait. Told, it fails at once, with the port error in the RuntimeError raised
+    here (see :func:`course_lib.launch.retry_if_port_taken`). If either node fails, the other is stopped."""
+    commands = [[sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node",
+                 str(nproc_per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                 "--rdzv-id", "two_nodes", "--rdzv-conf", f"is_host={int(node == 0)}",
+                 "-m", "course_lib.notebooks.ddp_program"] for node in range(2)]
     with tempfile.TemporaryDirectory() as logs:
         files = [(open(os.path.join(logs, f"node{i}.out"), "w"), open(os.path.join(logs, f"node{i}.err"), "w"))
                  for i in range(2)]
-        nodes = [subprocess.Popen(command, stdout=out, stderr=err, text=True) for out, err in files]
+        nodes = [subprocess.Popen(command, stdout=out, stderr=err, text=True)
+                 for command, (out, err) in zip(commands, files)]
+        deadline = time.monotonic() + timeout_s
         try:
-            codes = [node.wait(timeout=timeout_s) for node in nodes]
+            while any(node.poll() is None for node in nodes) and time.monotonic() < deadline:
+                if any(node.poll() for node in nodes):  # one failed: the other would wait for it in vain
+                    break
+                time.sleep(0.1)
         finally:
+            codes = [node.poll() for node in nodes]
             for node in nodes:
                 node.kill()
+                node.wait()
             for out, err in files:
                 out.close()
                 err.close()
         texts = [[open(os.path.join(logs, f"node{i}.{kind}")).read() for kind in ("out", "err")] for i in range(2)]
     if any(codes):
-        errors = "\n".join(err[-2000:] for _, err in texts)
-        raise RuntimeError(f"torchrun exited with codes {codes}; its output:\n{errors}")
+        taken = [f"node {i}: the port was taken (EADDRINUSE)"
+                 for i, (_, err) in enumerate(texts) if "EADDRINUSE" in err]
+        errors = "\n".join(taken + [err[-2000:] for _, err in texts])
+        raise RuntimeError(f"torchrun exited with codes {codes} (None: still running, stopped); its output:\n{errors}")
+    if None in codes:
+        raise RuntimeError(f"torchrun had not finished after {timeout_s:g} s and was stopped")
     lines = [line for out, _ in texts for line in out.splitlines() if line.startswith("RANK=")]
-    return command, sorted(lines, key=lambda line: int(line.split()[0].split("=")[1]))
+    return commands[0], sorted(lines, key=lambda line: int(line.split()[0].split("=")[1]))
 
 
 if __name__ == "__main__":
