@@ -1,7 +1,6 @@
 """course_lib.notebooks.ddp_program: notebook 03's programs, run as the notebook runs them."""
 
 import socket
-import time
 
 import pytest
 import torch
@@ -70,10 +69,8 @@ def test_a_taken_port_fails_at_once_with_the_port_error_and_a_retry_gets_through
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         taken = holder.getsockname()[1]
-        start = time.monotonic()
-        with pytest.raises(RuntimeError, match="EADDRINUSE") as info:
+        with pytest.raises(RuntimeError, match=r"codes \[1, None\]") as info:  # node 1 stopped, not waited for
             ddp_program.two_node_torchrun(taken, timeout_s=100)
-        assert time.monotonic() - start < 60  # node 0 failed; node 1 was stopped, not waited for
         ports = iter([taken])  # the retry's second try takes a fresh port
         _, lines = retry_if_port_taken(lambda: ddp_program.two_node_torchrun(next(ports, None) or free_port()))
-    assert len(lines) == 4 and "taken" in str(info.value)
+    assert "node 0: the port was taken (EADDRINUSE)" in str(info.value) and len(lines) == 4
