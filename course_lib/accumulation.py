@@ -66,13 +66,24 @@ def _checked(micro_batches) -> list:
     return micro_batches
 
 
+def _checked_pairs(micro_batches) -> list:
+    """``micro_batches`` if it is a non-empty list of (x, y) pairs, none empty."""
+    for i, pair in enumerate(_checked(micro_batches)):
+        if len(pair) != 2:
+            raise ValueError(f"micro_batches must be (x, y) pairs; item {i} has {len(pair)} items")
+        if len(pair[1]) == 0:  # its mean loss would be 0/0, NaN, and so would every gradient
+            raise ValueError(f"micro-batch {i} is empty (0 targets): each needs at least one (split refuses "
+                             f"empty micro-batches for this reason)")
+    return micro_batches
+
+
 def accumulate_naive(model: nn.Module, loss_fn, micro_batches) -> float:
     """The textbook loop: each micro-batch's *mean* loss divided by k.
 
     Right when all micro-batches have the same size; wrong otherwise, because a sample in
     a small micro-batch then weighs more than one in a large micro-batch.
     """
-    k = len(_checked(micro_batches))
+    k = len(_checked_pairs(micro_batches))
     total = 0.0
     for x, y in micro_batches:
         loss = loss_fn(model(x), y) / k
@@ -87,7 +98,7 @@ def accumulate(model: nn.Module, loss_fn, micro_batches) -> float:
     Each micro-batch's mean loss is weighted by its share of the samples, ``n_i / N``, so every
     sample weighs ``1 / N`` as in the large batch. Returns the large batch's loss.
     """
-    n_total = sum(len(y) for _, y in _checked(micro_batches))
+    n_total = sum(len(y) for _, y in _checked_pairs(micro_batches))
     total = 0.0
     for x, y in micro_batches:
         loss = loss_fn(model(x), y) * (len(y) / n_total)
@@ -152,11 +163,15 @@ def saved_activation_bytes(model: nn.Module, x: torch.Tensor) -> int:
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Bytes of the tensors an optimizer keeps between steps (Adam: ``exp_avg``, ``exp_avg_sq``, ``step``).
 
-    Measured from ``optimizer.state``, which is empty until the first ``step``: call it after one.
+    Measured from ``optimizer.state``, which is empty until the first ``step``: call it after one. A
+    sharded optimizer (``sharding.ShardedOptimizer``, torch's ``ZeroRedundancyOptimizer``) keeps its state
+    in the optimizer over this rank's parameters, ``optimizer.optim``: this rank's share is counted.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer (e.g. torch.optim.Adam(model.parameters())), "
                         f"got {type(optimizer).__name__}")
+    if isinstance(getattr(optimizer, "optim", None), torch.optim.Optimizer):  # its own .state stays empty
+        optimizer = optimizer.optim
     return sum(t.numel() * t.element_size() for state in optimizer.state.values()
                for t in state.values() if torch.is_tensor(t))
 

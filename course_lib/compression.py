@@ -15,6 +15,7 @@ from course_lib import hooks
 from course_lib.compressors import Compressor, DensityWarmUp, PerTensor, TopK, _Sparsifier
 from course_lib.exchange import WAYS, combine, exchange
 from course_lib.memory import DGCMemory, ErrorFeedback, NoMemory, ParameterKeys
+from course_lib.utils import checks
 
 __all__ = ["CompressionState", "compression_hook", "dgc_state"]
 
@@ -68,6 +69,10 @@ class CompressionState:
                              f"use communicator='all_gather' (or 'auto')")
         if density is not None and not isinstance(compressor, _Sparsifier):
             raise ValueError(f"density sets the ratio of a sparsifier (TopK, RandomK); {compressor!r} has none")
+        if density is not None and not callable(density):
+            raise TypeError(f"density is a function of the step giving the ratio to keep, e.g. DensityWarmUp(0.01, "
+                            f"warmup_steps=100); for a fixed ratio, give it to the compressor (TopK({density!r})); "
+                            f"got {density!r}")
         self.communicator = communicator
         self.process_group = process_group
         self.keys = ParameterKeys()  # memory is kept per parameter: see course_lib.memory
@@ -88,7 +93,10 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
     group = state.process_group if state.process_group is not None else dist.group.WORLD
     compressor, buffer = state.compressor, bucket.buffer()
     if state.density is not None:
-        compressor.ratio = state.density(state.iteration)
+        ratio = state.density(state.iteration)
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
+            raise ValueError(f"state.density({state.iteration}) must be a ratio: 0 < ratio <= 1, got {ratio!r}")
+        compressor.ratio = ratio
     start = time.perf_counter()
     layout = state.keys.layout(bucket.parameters())  # ((key, numel), ...): memory is kept per parameter
     if state.per_tensor:  # the bucket's buffer holds its parameters' gradients one after another, in this order
@@ -113,8 +121,9 @@ def dgc_state(density: float = 0.001, momentum: float = 0.9, clip_norm: float | 
     over ``warmup_steps``, :class:`DensityWarmUp`), with :class:`DGCMemory` (momentum correction,
     local clipping, momentum-factor masking) and an all-gather. Train with the optimizer's
     momentum at 0: the momentum is in the memory."""
-    if not 0 < density <= 1:
+    if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0 < density <= 1:
         raise ValueError(f"density is the fraction of entries sent: 0 < density <= 1 (e.g. 0.001), got {density}")
+    checks.integer("warmup_steps", warmup_steps, 0)
     return CompressionState(TopK(density), memory=DGCMemory(momentum, clip_norm, masking),
                             communicator="all_gather", process_group=process_group,
                             density=DensityWarmUp(density, warmup_steps) if warmup_steps else None)

@@ -5,7 +5,7 @@ and back::
 
     payload, ctx = compressor.compress(tensor)
     approx = compressor.decompress(payload, ctx)
-    compressor.wire_bytes(tensor.numel())   # the bytes of the payload's tensors, exactly
+    compressor.wire_bytes(tensor.numel(), tensor.dtype)   # the bytes of the payload's tensors, exactly
 
 ``ctx`` stays on the rank that compressed (shape, the kept indices of a shared draw, ...): only the
 payload is sent. Random draws come from the compressor's own ``torch.Generator`` (``seed=``, default
@@ -94,13 +94,25 @@ def unpack_bits(packed: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
 
 
 def _check_ratio(ratio: float) -> None:
-    if not 0 < ratio <= 1:
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
         raise ValueError(f"ratio is the fraction of entries kept: 0 < ratio <= 1 (e.g. 0.01), got {ratio}")
 
 
 def _index_dtype(numel: int) -> torch.dtype:
     # indices as int32 while they fit: half the bytes of int64 on the wire
     return torch.int32 if numel < 2**31 else torch.int64
+
+
+def _size(dtype) -> int:
+    """Bytes per entry of a gradient of ``dtype`` (a floating torch dtype: float32, float16, bfloat16...)."""
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype is the gradient's: a floating torch dtype such as torch.float32 or torch.bfloat16, "
+                         f"got {dtype!r}")
+    return torch.empty(0, dtype=dtype).element_size()
+
+
+def _numel(numel) -> int:
+    return checks.integer("numel", numel, 0)
 
 
 class Compressor:
@@ -126,7 +138,8 @@ class Compressor:
     def decompress(self, payload: list[torch.Tensor], ctx) -> torch.Tensor:
         raise NotImplementedError
 
-    def wire_bytes(self, numel: int) -> int:
+    def wire_bytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
+        """The payload's bytes for a tensor of ``numel`` entries of ``dtype``, exactly."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -142,7 +155,7 @@ class _Sparsifier(Compressor):
         self.ratio = ratio
 
     def k(self, numel: int) -> int:
-        checks.integer("numel", numel, 0)
+        _numel(numel)
         return min(numel, max(1, math.ceil(self.ratio * numel)))
 
     def __repr__(self):
@@ -150,7 +163,8 @@ class _Sparsifier(Compressor):
 
 
 class TopK(_Sparsifier):
-    """Keep the ``k = ceil(ratio * numel)`` entries of largest magnitude: values and int32 indices."""
+    """Keep the ``k = ceil(ratio * numel)`` entries of largest magnitude: values (in the tensor's dtype)
+    and int32 indices."""
 
     def compress(self, tensor):
         flat = tensor.flatten()
@@ -162,9 +176,9 @@ class TopK(_Sparsifier):
         out = values.new_zeros(math.prod(ctx))
         return out.index_add_(0, indices.long(), values).view(ctx)  # add: repeated indices sum up
 
-    def wire_bytes(self, numel):
+    def wire_bytes(self, numel, dtype=torch.float32):
         k = self.k(numel)
-        return k * 4 + k * torch.empty(0, dtype=_index_dtype(numel)).element_size()
+        return k * _size(dtype) + k * torch.empty(0, dtype=_index_dtype(numel)).element_size()
 
 
 class RandomK(_Sparsifier):
@@ -183,7 +197,7 @@ class RandomK(_Sparsifier):
 
     def __init__(self, ratio: float, seed: int = 0, scaled: bool = False):
         super().__init__(ratio, seed)
-        self.scaled = scaled
+        self.scaled = checks.boolean("scaled", scaled)
         self.unbiased = scaled
         self.error_feedback = not scaled
 
@@ -191,7 +205,7 @@ class RandomK(_Sparsifier):
         flat = tensor.flatten()
         n, k = flat.numel(), self.k(flat.numel())
         indices = torch.randperm(n, generator=self.generator)[:k].to(flat.device)
-        return [flat[indices] * (n / k) if self.scaled else flat[indices]], (indices, tensor.shape)
+        return [flat[indices] * (n / k) if self.scaled and k else flat[indices]], (indices, tensor.shape)
 
     def decompress(self, payload, ctx):
         indices, shape = ctx
@@ -199,15 +213,15 @@ class RandomK(_Sparsifier):
         out[indices] = payload[0]
         return out.view(shape)
 
-    def wire_bytes(self, numel):
-        return self.k(numel) * 4
+    def wire_bytes(self, numel, dtype=torch.float32):
+        return self.k(numel) * _size(dtype)
 
     def __repr__(self):
         return f"RandomK({self.ratio}, scaled={self.scaled})"
 
 
 class Threshold(Compressor):
-    """Keep the entries whose magnitude is at least ``value``: values and int32 indices.
+    """Keep the entries whose magnitude is at least ``value``: values (in the tensor's dtype) and int32 indices.
 
     How many are kept depends on the gradient, so the payload's size does too: ``wire_bytes(numel,
     kept)`` needs the count (``len(payload[0])``); with ``kept=None`` it is the most it can be.
@@ -229,9 +243,10 @@ class Threshold(Compressor):
 
     decompress = TopK.decompress
 
-    def wire_bytes(self, numel, kept: int | None = None):
-        kept = numel if kept is None else kept
-        return kept * (4 + torch.empty(0, dtype=_index_dtype(numel)).element_size())
+    def wire_bytes(self, numel, kept: int | None = None, dtype=torch.float32):
+        _numel(numel)
+        kept = numel if kept is None else checks.integer("kept", kept, 0, numel)
+        return kept * (_size(dtype) + torch.empty(0, dtype=_index_dtype(numel)).element_size())
 
     def __repr__(self):
         return f"Threshold({self.value})"
@@ -257,8 +272,10 @@ class QSGD(Compressor):
         super().__init__(seed)
         if not (isinstance(levels, int) and 1 <= levels <= 255):
             raise ValueError(f"levels must be an integer from 1 to 255 (at most 8 bits), got {levels!r}")
-        if bucket_size is not None and bucket_size < 1:
-            raise ValueError(f"bucket_size is a number of entries (e.g. 128), or None for one norm; got {bucket_size}")
+        if bucket_size is not None and (isinstance(bucket_size, bool) or not isinstance(bucket_size, int)
+                                        or bucket_size < 1):
+            raise ValueError(f"bucket_size is a number of entries (e.g. 128), or None for one norm; "
+                             f"got {bucket_size!r}")
         self.levels, self.bucket_size = levels, bucket_size
         self.bits = max(1, math.ceil(math.log2(levels + 1)))  # bits of l, sign apart
 
@@ -282,7 +299,8 @@ class QSGD(Compressor):
         sign = 1 - 2 * unpack_bits(negative, 1, n).float()
         return (norms.repeat_interleave(self._bucket(n))[:n] * sign * level / self.levels).view(ctx)
 
-    def wire_bytes(self, numel):
+    def wire_bytes(self, numel, dtype=torch.float32):  # float32 norms whatever the dtype: compressed as float32
+        _numel(numel), _size(dtype)
         return 4 * math.ceil(numel / self._bucket(numel)) + math.ceil(numel * self.bits / 8) + math.ceil(numel / 8)
 
     def __repr__(self):
@@ -319,7 +337,8 @@ class SignSGD(Compressor):
     def decompress(self, payload, ctx):
         return (payload[0] * self.signs(payload, ctx)).view(ctx)
 
-    def wire_bytes(self, numel):
+    def wire_bytes(self, numel, dtype=torch.float32):  # a float32 scale whatever the dtype
+        _numel(numel), _size(dtype)
         return 4 + math.ceil(numel / 8)
 
     def __repr__(self):
@@ -340,8 +359,9 @@ class TernGrad(Compressor):
 
     def __init__(self, clip_sigma: float | None = 2.5, seed: int = 0):
         super().__init__(seed)
-        if clip_sigma is not None and clip_sigma <= 0:
-            raise ValueError(f"clip_sigma is a number of standard deviations (e.g. 2.5), or None; got {clip_sigma}")
+        if clip_sigma is not None and not (isinstance(clip_sigma, (int, float)) and not isinstance(clip_sigma, bool)
+                                           and 0 < clip_sigma < math.inf):
+            raise ValueError(f"clip_sigma is a number of standard deviations (e.g. 2.5), or None; got {clip_sigma!r}")
         self.clip_sigma = clip_sigma
         self.unbiased = clip_sigma is None
 
@@ -361,7 +381,8 @@ class TernGrad(Compressor):
         scale, packed = payload
         return (scale * (unpack_bits(packed, 2, math.prod(ctx)).float() - 1)).view(ctx)
 
-    def wire_bytes(self, numel):
+    def wire_bytes(self, numel, dtype=torch.float32):  # a float32 scale whatever the dtype
+        _numel(numel), _size(dtype)
         return 4 + math.ceil(numel / 4)
 
     def __repr__(self):
@@ -386,8 +407,9 @@ class _Cast(Compressor):
         shape, dtype = ctx
         return payload[0].to(dtype).view(shape)
 
-    def wire_bytes(self, numel):
-        return 2 * numel
+    def wire_bytes(self, numel, dtype=torch.float32):  # sent in its own 16 bits, whatever the gradient's dtype
+        _size(dtype)
+        return _numel(numel) * _size(self.dtype)
 
 
 class FP16(_Cast):
@@ -411,9 +433,15 @@ class PerTensor(Compressor):
     """
 
     def __init__(self, inner: Compressor, numels):
+        if not isinstance(inner, Compressor) or isinstance(inner, PerTensor):
+            raise TypeError(f"inner is the compressor applied to each piece, e.g. PerTensor(QSGD(15), numels); "
+                            f"got {inner!r}")
+        numels = checks.integers("numels", numels, 0)
+        if not numels:
+            raise ValueError("numels lists the pieces' sizes: at least one")
         if inner.variable_size:
             raise ValueError(f"{inner!r}: its payload size depends on the data; compress the bucket whole")
-        self.inner, self.numels = inner, [int(n) for n in numels]
+        self.inner, self.numels = inner, numels
         self.summable, self.unbiased, self.error_feedback = inner.summable, inner.unbiased, inner.error_feedback
         self.aggregate = getattr(inner, "aggregate", None)
 
@@ -440,10 +468,10 @@ class PerTensor(Compressor):
     def scales(self, payload, ctx):
         return torch.cat([self.inner.scales(p, c) for p, c in self._pieces(payload, ctx)])
 
-    def wire_bytes(self, numel):
-        if numel != sum(self.numels):
+    def wire_bytes(self, numel, dtype=torch.float32):
+        if _numel(numel) != sum(self.numels):
             raise ValueError(f"numel {numel} is not the pieces' {sum(self.numels)}")
-        return sum(self.inner.wire_bytes(n) for n in self.numels)
+        return sum(self.inner.wire_bytes(n, dtype) for n in self.numels)
 
     def __repr__(self):
         return f"PerTensor({self.inner!r}, {len(self.numels)} tensors)"
@@ -456,11 +484,12 @@ class DensityWarmUp:
 
     def __init__(self, final: float, warmup_steps: int = 0, stages: int = 4):
         _check_ratio(final)
-        if warmup_steps < 0 or stages < 1:
-            raise ValueError(f"warmup_steps must be >= 0 and stages >= 1, got {warmup_steps} and {stages}")
+        checks.integer("warmup_steps", warmup_steps, 0)
+        checks.integer("stages", stages, 1)
         self.final, self.warmup_steps, self.stages = final, warmup_steps, stages
 
     def __call__(self, step: int) -> float:
+        checks.integer("step", step, 0)
         if step >= self.warmup_steps:
             return self.final
         stage = step * self.stages // self.warmup_steps

@@ -299,10 +299,25 @@ def break_even_period(compute_s: float, nbytes: float, reference_step_s: float, 
     if spare <= 0:
         return float("inf")
     period = math.floor(ring_all_reduce_time(nbytes, world_size, alpha_s, busbw_GBps) / spare) + 1
-    # the division rounds: settle the last step on the step times themselves
-    while periodic_step_time(compute_s, nbytes, period, world_size, alpha_s, busbw_GBps) >= reference_step_s:
+    # The division rounds: settle the last step on the step times themselves, a few steps at most.
+    # Where the reference lies within a rounding step of compute_s, no period's time can be told
+    # apart from it: that is an error, not a search without end.
+    def faster(h: int) -> bool:
+        return periodic_step_time(compute_s, nbytes, h, world_size, alpha_s, busbw_GBps) < reference_step_s
+
+    for _ in range(_SETTLE_STEPS):
+        if faster(period):
+            break
         period += 1
-    while period > 1 and periodic_step_time(compute_s, nbytes, period - 1, world_size, alpha_s,
-                                            busbw_GBps) < reference_step_s:
+    else:
+        raise ValueError(f"reference_step_s ({reference_step_s!r}) is within rounding of compute_s ({compute_s!r}): "
+                         f"no period's step time can be told apart from it; give times further apart")
+    for _ in range(_SETTLE_STEPS):
+        if period == 1 or not faster(period - 1):
+            return float(period)
         period -= 1
-    return float(period)
+    raise ValueError(f"break_even_period could not settle the period near {period} (reference_step_s "
+                     f"{reference_step_s!r}, compute_s {compute_s!r}): give times further apart")
+
+
+_SETTLE_STEPS = 64  # how far rounding can move the period found by division

@@ -39,6 +39,9 @@ __all__ = ["average_parameters", "PeriodicModelAverager", "PostLocalSGDState", "
 def _tensors(params, with_grad_only: bool) -> list[torch.Tensor]:
     """The parameters in ``params`` (parameters, or an optimizer's parameter groups); with
     ``with_grad_only``, those that have a gradient (a frozen layer is the same on every rank)."""
+    if isinstance(params, torch.Tensor):  # iterating it would give its rows, which are not parameters
+        raise TypeError("params must be an iterable of parameters (e.g. model.parameters()) or of parameter "
+                        "groups, not one tensor: pass [p]")
     out = []
     for item in params:
         if isinstance(item, torch.Tensor):
@@ -59,9 +62,9 @@ def average_parameters(params, process_group=None, with_grad_only: bool = False)
     Every parameter given is averaged, as by torch's ``model_averaging.utils.average_parameters``;
     ``with_grad_only`` skips those without a gradient, as torch's averagers do. A rank outside
     ``process_group`` returns at once, as it does from torch's collectives."""
+    tensors = _tensors(params, with_grad_only)
     if process_group is not None and dist.get_rank(process_group) < 0:
         return
-    tensors = _tensors(params, with_grad_only)
     if not tensors:
         return
     flat = torch.cat([p.reshape(-1) for p in tensors])
@@ -86,6 +89,14 @@ class PeriodicModelAverager:
         self.warmup_steps = checks.integer("warmup_steps", warmup_steps, 0)
         self.process_group = process_group
         self.step = 0
+
+    @property
+    def step(self) -> int:
+        return self._step
+
+    @step.setter
+    def step(self, value: int) -> None:  # set by load_state_dict from a checkpoint: a count of steps
+        self._step = checks.integer("the averager's step", value, 0)
 
     def average_parameters(self, params: Iterable) -> None:
         if self.step >= self.warmup_steps and (self.step - self.warmup_steps) % self.period == 0:
@@ -129,7 +140,11 @@ class PostLocalSGDOptimizer(torch.optim.Optimizer):
 
     def __init__(self, optim: torch.optim.Optimizer, averager: PeriodicModelAverager):
         if not isinstance(optim, torch.optim.Optimizer):
-            raise TypeError(f"optim must be a torch.optim.Optimizer, got {type(optim).__name__}")
+            raise TypeError(f"optim must be a torch.optim.Optimizer built over the model's parameters (e.g. "
+                            f"torch.optim.SGD(model.parameters(), lr=0.1)), got {optim!r:.80}")
+        if not callable(getattr(averager, "average_parameters", None)):
+            raise TypeError(f"averager must be a model averager such as PeriodicModelAverager(period=4), "
+                            f"got {averager!r:.80}")
         self.optim, self.averager = optim, averager
         self.param_groups = optim.param_groups
         self.defaults = optim.defaults
@@ -160,6 +175,20 @@ class PostLocalSGDOptimizer(torch.optim.Optimizer):
         self.optim.load_state_dict(state_dict)
 
 
+def _check_compress(compress, param: torch.Tensor) -> None:
+    """``compress`` must turn a flat float tensor into one of the same length (e.g. ``torch.Tensor.half``):
+    tried once on a copy of one entry, at construction, rather than at the first outer step, after H
+    inner steps have changed the parameters."""
+    if not callable(compress):
+        raise TypeError(f"compress is a function from a tensor to the tensor to send, e.g. torch.Tensor.half "
+                        f"(or None), got {compress!r}")
+    probe = param.detach().reshape(-1)[:1].clone()
+    out = compress(probe)
+    if not (isinstance(out, torch.Tensor) and out.is_floating_point() and out.shape == probe.shape):
+        raise TypeError(f"compress must return a floating tensor of its input's shape (e.g. torch.Tensor.half); "
+                        f"on a tensor of shape {tuple(probe.shape)} it returned {out!r:.80}")
+
+
 class DiLoCo:
     """DiLoCo around a model's ``params``: ``step()`` after every backward.
 
@@ -175,16 +204,30 @@ class DiLoCo:
     def __init__(self, params, inner: torch.optim.Optimizer, period: int, outer_lr: float = 0.7,
                  outer_momentum: float = 0.9, nesterov: bool = True, group=None,
                  compress: Callable[[torch.Tensor], torch.Tensor] | None = None):
+        if isinstance(params, torch.Tensor):
+            raise TypeError("params must be an iterable of parameters (e.g. model.parameters()), not one tensor: "
+                            "pass [p]")
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("DiLoCo needs parameters to train: params held none that requires grad")
         if not isinstance(inner, torch.optim.Optimizer):
             raise TypeError(f"inner must be a torch.optim.Optimizer (e.g. torch.optim.AdamW(model.parameters())), "
                             f"got {type(inner).__name__}")
+        inner_params = [p for g in inner.param_groups for p in g["params"]]
+        mine = {id(p) for p in self.params}
+        if {id(p) for p in inner_params} != mine:
+            stray = sum(id(p) not in mine for p in inner_params)
+            missed = len(mine - {id(p) for p in inner_params})
+            raise ValueError(f"inner must step the parameters DiLoCo averages: it holds {stray} tensor(s) not in "
+                             f"params, and {missed} of params are missing from it. Build both over the same "
+                             f"model: DiLoCo(model.parameters(), torch.optim.AdamW(model.parameters()), ...)")
         self.inner, self.group, self.compress = inner, group, compress
         self.period = checks.integer("period", period, 1)
         checks.number("outer_lr", outer_lr, 0, low_open=True)
         checks.number("outer_momentum", outer_momentum, 0, 1)
+        checks.boolean("nesterov", nesterov)
+        if compress is not None:
+            _check_compress(compress, self.params[0])
         self.shared = [p.detach().clone() for p in self.params]  # θ_start: the same on every rank
         for t in self.shared:
             t.requires_grad_(True)

@@ -22,6 +22,8 @@ import weakref
 import torch
 import torch.distributed as dist
 
+from course_lib.utils import checks
+
 __all__ = ["ParameterKeys", "ErrorFeedback", "NoMemory", "DGCMemory"]
 
 
@@ -104,8 +106,13 @@ class _Memory:
 
     @staticmethod
     def _put(store: dict, key, flat: torch.Tensor) -> None:
+        pieces = _pieces(key, flat.numel())
+        if sum(n for _, n in pieces) != flat.numel():
+            raise ValueError(f"the layout {key!r} holds {sum(n for _, n in pieces)} numbers and the tensor "
+                             f"{flat.numel()}: a layout lists every parameter of the bucket, ((key, numel), ...), "
+                             f"as ParameterKeys.layout(bucket.parameters()) makes it")
         offset = 0
-        for k, n in _pieces(key, flat.numel()):
+        for k, n in pieces:
             store[k] = flat[offset: offset + n]
             offset += n
 
@@ -126,7 +133,15 @@ class ErrorFeedback(_Memory):
         return tensor + error.view_as(tensor) if error is not None else tensor.clone()
 
     def update(self, key, corrected: torch.Tensor, sent: torch.Tensor) -> None:
+        _same_size(corrected, sent)
         self._put(self.memory, key, (corrected - sent).flatten())
+
+
+def _same_size(corrected: torch.Tensor, sent: torch.Tensor) -> None:
+    # corrected - sent would broadcast a (1,)-shaped or a (n, 1) tensor and keep a memory of the wrong size
+    if corrected.shape != sent.shape:
+        raise ValueError(f"update(key, corrected, sent): sent is what the corrected tensor became, of its shape; "
+                         f"got shapes {tuple(corrected.shape)} and {tuple(sent.shape)}")
 
 
 class NoMemory:
@@ -160,10 +175,13 @@ class DGCMemory(_Memory):
 
     def __init__(self, momentum: float = 0.9, clip_norm: float | None = None, masking: bool = True,
                  world_size: int | None = None):
-        if not 0 <= momentum < 1:
+        if checks.number("momentum (in [0, 1), e.g. 0.9)", momentum, 0) >= 1:
             raise ValueError(f"momentum must be in [0, 1), e.g. 0.9; got {momentum}")
-        if clip_norm is not None and clip_norm <= 0:
-            raise ValueError(f"clip_norm is a gradient norm: > 0, or None for no clipping; got {clip_norm}")
+        if clip_norm is not None:  # NaN or inf would never clip: refused, not taken as "off" (that is None)
+            checks.number("clip_norm (a gradient norm, or None for no clipping)", clip_norm, 0, low_open=True)
+        checks.boolean("masking", masking)
+        if world_size is not None:
+            checks.integer("world_size", world_size, 1)
         self.momentum, self.clip_norm, self.masking, self.world_size = momentum, clip_norm, masking, world_size
         self.velocity: dict = {}  # u
         self.memory: dict = {}  # v, after what was sent is taken out
@@ -181,6 +199,7 @@ class DGCMemory(_Memory):
         return (u.clone() if v is None else v + u).view_as(tensor)
 
     def update(self, key, corrected: torch.Tensor, sent: torch.Tensor) -> None:
+        _same_size(corrected, sent)
         self._put(self.memory, key, (corrected - sent).flatten())
         if self.masking:
             u = self._get(self.velocity, key, sent.numel())

@@ -106,7 +106,9 @@ def communication_seconds(n_params: int, stage: int, world_size: int, alpha_s: f
     (stage 0); a reduce-scatter of it and an all-gather of the parameters (stages 1, 2); and one more
     all-gather (stage 3). A reduce-scatter costs what an all-gather costs: the same chunks, the other
     way round."""
+    checks.integer("n_params", n_params, 0)
     checks.integer("stage", stage, 0, 3)
+    checks.integer("world_size", world_size, 1)  # stages 1-3 divide by it
     checks.integer("units", units, 1)
     checks.integer("bytes_per_number", bytes_per_number, 1)
     unit_bytes = bytes_per_number * n_params / units
@@ -136,6 +138,13 @@ def memory_ledger(model: nn.Module, optimizer: torch.optim.Optimizer | None = No
     optimizer's state (a :class:`ShardedOptimizer`'s: this rank's own optimizer); with a ``batch``,
     the activations autograd saves in a forward pass of it (``accumulation.saved_activation_bytes``;
     a sharded model's forward gathers, so every rank must call it then)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        hint = " (a batch is passed as batch=...)" if isinstance(optimizer, torch.Tensor) else ""
+        raise TypeError(f"memory_ledger's second argument is the optimizer{hint}; got {type(optimizer).__name__}")
+    if batch is not None and not isinstance(batch, torch.Tensor):
+        raise TypeError(f"batch must be a tensor of inputs, got {type(batch).__name__}")
     params = list(model.parameters())
     if isinstance(model, ShardedDataParallel):
         params += [unit.full for unit in model.units]
@@ -339,6 +348,28 @@ class _Unit:
             setattr(sub, name, self.full[offset:offset + numel].view(shape))
 
 
+def _check_ranks_agree(module: nn.Module, units: list[nn.Module], prefixes: dict, group) -> None:
+    """Every rank must wrap the same model the same way: each unit's parameters, their names, shapes and
+    dtypes. Otherwise the flat vectors differ in length and the collectives fail deep inside, or,
+    where the lengths happen to match, train different models without a word. Checked once, at
+    construction, as torch's DDP checks its parameters' shapes across ranks."""
+    mine = [(prefixes[id(u)] or "(the module)",
+             [(name, tuple(p.shape), str(p.dtype)) for name, p in u.named_parameters()]) for u in units]
+    everyone = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, mine, group=group)
+    for r, theirs in enumerate(everyone):
+        if theirs != mine:
+            here = dist.get_rank(group)
+            raise ValueError(f"the ranks wrap different models: rank {here} has units {_describe(mine)}, rank {r} "
+                             f"has {_describe(theirs)}. Every rank must build the same model and name the same "
+                             f"units (torch's DDP refuses such ranks too).")
+
+
+def _describe(layout) -> str:
+    return "; ".join(f"{unit}: " + ", ".join(f"{n} {list(shape)} {dtype.replace('torch.', '')}"
+                                           for n, shape, dtype in params) for unit, params in layout)
+
+
 class ShardedDataParallel(nn.Module):
     """ZeRO ``stage`` 0 (plain data parallelism), 1, 2 or 3 over ``units`` of ``module`` (default:
     the whole module as one unit). ``model.parameters()`` are then the shards, one per unit: give
@@ -364,6 +395,13 @@ class ShardedDataParallel(nn.Module):
         if prefetch and stage != 3:
             raise ValueError(f"prefetch is for stage 3, whose parameters are gathered at every forward; "
                              f"got stage {stage}")
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
+        if getattr(module, "_sharded_by", None) is not None:
+            raise ValueError(f"{type(module).__name__} is already wrapped by a ShardedDataParallel (its parameters "
+                             f"became that wrapper's shards): wrap a module once, and use the wrapper")
+        if not any(True for _ in module.parameters()):
+            raise ValueError(f"{type(module).__name__} has no parameters to shard")
         units = [module] if units is None else list(units)
         inside = {id(m) for m in module.modules()}
         if not units or any(id(u) not in inside for u in units):
@@ -380,7 +418,9 @@ class ShardedDataParallel(nn.Module):
         self.module, self.stage, self.group, self.prefetch, self.events = module, stage, group, prefetch, events
         self.rank, self.world_size = _rank_size(group)
         prefixes = {id(m): name for name, m in module.named_modules()}
+        _check_ranks_agree(module, units, prefixes, group)
         self.units = [_Unit(u, stage, group, prefixes[id(u)]) for u in units]
+        module._sharded_by = type(self).__name__  # a plain attribute: applied twice, the second is refused
         for i, unit in enumerate(self.units):
             self.register_parameter(f"shard_{i}", unit.shard)
             unit.module.register_forward_pre_hook(self._before_forward(i))

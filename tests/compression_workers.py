@@ -181,3 +181,24 @@ def per_tensor_against_a_reference(rank, world_size, name):
         got[per_tensor] = (torch.cat([p.grad.flatten() for p in model.parameters()]), hooks.traffic.bytes)
     return {"per_tensor": got[True][0], "whole": got[False][0], "reference": reference, "bytes": got[True][1],
             "numels": numels}
+
+
+def bytes_on_the_wire(rank, world_size, names, dtype, n):
+    """For each compressor: the bytes this rank handed the counted collectives to exchange one tensor
+    of ``n`` entries of ``dtype`` (summed over ops, from ``hooks.traffic.by_op``), what ``wire_bytes``
+    promises for it, and the bytes of the sizes a variable-size payload gathers first (one int64)."""
+    from course_lib import exchange
+
+    out = {}
+    for name in names:
+        compressor = COMPRESSORS[name]()
+        x = torch.randn(n, generator=torch.Generator().manual_seed(0)).to(dtype)  # the same on both ranks
+        payload, ctx = compressor.compress(x)
+        hooks.traffic.reset()
+        exchange.communicate(compressor, payload, ctx, communicator="all_reduce" if compressor.summable
+                             else "all_gather")
+        counted = sum(b for _, b in hooks.traffic.by_op.values())
+        kept = [len(payload[0])] if compressor.variable_size else []
+        out[name] = (counted, compressor.wire_bytes(n, *kept, dtype=dtype), 8 if compressor.variable_size else 0)
+    return out
+

@@ -87,17 +87,15 @@ def _wait(running: dict, done: list) -> None:
     """Wait for the targets in ``running``; print each one's log as it ends; record it in ``done``."""
     while running:
         for target, (proc, log, start) in list(running.items()):
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)  # as proc.poll(), and the CPU it used
-            if pid == 0:
+            if proc.poll() is None:
                 continue
-            proc.returncode = os.waitstatus_to_exitcode(status)
             seconds = time.monotonic() - start
             log.close()
             del running[target]
             print(f"== {target} ({'passed' if proc.returncode == 0 else 'FAILED'}, {seconds:.0f} s)", flush=True)
             sys.stdout.write((LOGS / f"{target}.log").read_text(errors="replace"))
             sys.stdout.flush()
-            done.append((target, seconds, proc.returncode, usage.ru_utime + usage.ru_stime))
+            done.append((target, seconds, proc.returncode))
         time.sleep(0.5)
 
 
@@ -127,26 +125,23 @@ def main(steps: list[str]) -> int:
         step_start = time.monotonic()
         finished = run_step(step.split())
         step_s = time.monotonic() - step_start
-        rows += sorted(finished)
+        rows += [(step, target, seconds, code) for target, seconds, code in sorted(finished)]
         if len(finished) > 1:
-            rows.append(("(together)", step_s, max(code for _, _, code, _ in finished),
-                         sum(cpu for *_, cpu in finished)))
+            rows.append((step, "(together)", step_s, max(code for _, _, code in finished)))
         if step == "install" and finished[0][2] != 0:
             break
     total = time.monotonic() - start
-    print("\nwhere make test's time went (wall-clock seconds, targets of one step side by side; CPU seconds of "
-          "each target's processes, those that ended before it did, on every core):")
-    statuses = [(target, seconds, code, cpu, "FAILED" if code else "passed") if target == "(together)"
-                else (target, seconds, code, cpu, _status(target, code)) for target, seconds, code, cpu in rows]
-    for target, seconds, _, cpu, status in statuses:
-        print(f"  {target:17} {seconds:6.0f} s  {cpu:6.0f} CPU s  {status}")
-    failed = [target for target, _, code, _, _ in statuses if code != 0 and target != "(together)"]
-    skips = [target for target, *_, status in statuses if status.startswith("SKIPPED")]
+    print("\nwhere make test's time went (wall-clock seconds; targets of one step ran side by side):")
+    statuses = [(target, seconds, code, "FAILED" if code else "passed") if target == "(together)"
+                else (target, seconds, code, _status(target, code)) for _, target, seconds, code in rows]
+    for target, seconds, _, status in statuses:
+        print(f"  {target:17} {seconds:6.0f} s  {status}")
+    failed = [target for target, _, code, _ in statuses if code != 0 and target != "(together)"]
+    skips = [target for target, _, _, status in statuses if status.startswith("SKIPPED")]
     verdict = "FAILED: " + " ".join(failed) if failed else "passed"
     if skips:
         verdict += f", but SKIPPED (ran no test): {' '.join(skips)}"
-    cpu = sum(row[3] for row in rows if row[0] != "(together)")
-    print(f"  {'total':17} {total:6.0f} s  {cpu:6.0f} CPU s  {verdict}")
+    print(f"  {'total':17} {total:6.0f} s  {verdict}")
     return 1 if failed else 0
 
 

@@ -27,19 +27,24 @@ def _pack_ref(values, bits):
     return [sum(bit << i for i, bit in enumerate(stream[j: j + 8])) for j in range(0, len(stream), 8)]
 
 
-def _format_bytes(compressor, n, kept):
-    """The bytes a compressor's payload for n entries must have, counted from its format: float32
-    values and scales (4 bytes), int32 indices (4), 16-bit casts (2), packed fields of b bits per entry
-    (ceil(n b / 8) bytes). ``kept``: the entries Threshold keeps."""
+VALUE_BYTES = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
+
+
+def _format_bytes(compressor, n, kept, dtype=torch.float32):
+    """The bytes a compressor's payload for n entries of ``dtype`` must have, counted from its format:
+    kept values in the gradient's dtype (4 or 2 bytes), float32 scales (4 bytes), int32 indices (4),
+    16-bit casts (2), packed fields of b bits per entry (ceil(n b / 8) bytes). ``kept``: the entries
+    Threshold keeps."""
     if isinstance(compressor, C.PerTensor):
-        return sum(_format_bytes(compressor.inner, m, kept) for m in compressor.numels)
+        return sum(_format_bytes(compressor.inner, m, kept, dtype) for m in compressor.numels)
     k = max(1, math.ceil(getattr(compressor, "ratio", 1) * n))
+    value = VALUE_BYTES[dtype]
     if isinstance(compressor, C.TopK):
-        return k * (4 + 4)
+        return k * (value + 4)
     if isinstance(compressor, C.RandomK):
-        return k * 4  # values only: the indices come from the shared seed
+        return k * value  # values only: the indices come from the shared seed
     if isinstance(compressor, C.Threshold):
-        return kept * (4 + 4)
+        return kept * (value + 4)
     if isinstance(compressor, C.QSGD):  # l in 0..levels takes levels.bit_length() bits; a sign bit; norms
         buckets = 1 if compressor.bucket_size is None else math.ceil(n / compressor.bucket_size)
         return 4 * buckets + math.ceil(n * compressor.levels.bit_length() / 8) + math.ceil(n / 8)
@@ -67,19 +72,31 @@ def test_pack_bits_round_trips(bits, n):
     assert torch.equal(C.unpack_bits(packed, bits, n).long(), values)
 
 
+@pytest.mark.parametrize("dtype", list(VALUE_BYTES), ids=str)
 @pytest.mark.parametrize("compressor", ALL, ids=repr)
 @pytest.mark.parametrize("n", [1, 7, 1000, 1001])
-def test_wire_bytes_are_the_payloads_bytes_counted_from_the_format(compressor, n):
+def test_wire_bytes_are_the_payloads_bytes_counted_from_the_format(compressor, n, dtype):
     if isinstance(compressor, C.PerTensor):
         compressor = C.PerTensor(compressor.inner, [1, n - 1] if n > 1 else [1])
-    x = _x(n)
+    x = _x(n).to(dtype)
     payload, ctx = compressor.compress(x)
     kept = int((x.abs() >= compressor.value).sum()) if isinstance(compressor, C.Threshold) else None
-    expected = _format_bytes(compressor, n, kept)
+    expected = _format_bytes(compressor, n, kept, dtype)
     assert _bytes_of(payload) == expected  # what is really sent
     assert C.payload_bytes(payload) == expected
-    assert compressor.wire_bytes(n, *([kept] if kept is not None else [])) == expected  # what it promises
+    # what it promises, for a gradient of this dtype
+    assert compressor.wire_bytes(n, *([kept] if kept is not None else []), dtype=dtype) == expected
     assert compressor.decompress(payload, ctx).shape == (n,)
+
+
+@pytest.mark.parametrize("dtype", list(VALUE_BYTES), ids=str)
+def test_the_bytes_counted_on_the_wire_are_wire_bytes_for_every_compressor_and_dtype(dtype):
+    # real gloo processes: what exchange hands the counted collectives (hooks.traffic, by op) for each
+    # compressor, against what wire_bytes promises for a gradient of that dtype
+    rows = spawn(W.bytes_on_the_wire, 2, sorted(W.COMPRESSORS), dtype, 1003)[0]
+    for name, (counted, promised, sizes) in rows.items():
+        assert counted == promised + sizes, (name, counted, promised, sizes)
+        assert promised > 0
 
 
 def test_signs_travel_as_one_bit_each():

@@ -28,19 +28,3 @@ def test_a_target_that_ran_no_test_is_reported_skipped_not_passed():
     assert phases.skipped("=== 3 passed, 1 skipped in 2.10s ===\n") is None  # some ran
     assert phases.skipped("12 passed in 40.00s\n") is None
     assert phases.skipped("2 skipped in 0.1s\n") == "2 skipped"  # no -rs reasons: the summary itself
-
-
-def test_the_table_counts_the_cpu_of_a_targets_processes_and_their_children(tmp_path, monkeypatch):
-    monkeypatch.setattr(phases, "LOGS", tmp_path)
-    # a child that computes for about 0.6 s of CPU, in a grandchild it waits for, and one that sleeps
-    burn = ("import subprocess, sys, time; subprocess.run([sys.executable, '-c', "
-            "'import time\\nt = time.process_time()\\nwhile time.process_time() - t < 0.6: pass'])")
-    running = {}
-    for target, code in (("burns", burn), ("sleeps", "import time; time.sleep(0.6)")):
-        log = open(tmp_path / f"{target}.log", "w")
-        running[target] = (subprocess.Popen([sys.executable, "-c", code], stdout=log), log, 0.0)
-    done = []
-    phases._wait(running, done)
-    cpu = {target: seconds for target, _, code, seconds in done if code == 0}
-    assert cpu["burns"] >= 0.6  # the grandchild's 0.6 s, counted once its parent waited for it
-    assert cpu["sleeps"] < 0.5  # the interpreter's start only
