@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from course_lib import hooks
 from course_lib.compressors import Compressor, PerTensor
+from course_lib.utils import checks
 
 __all__ = ["exchange", "combine", "communicate", "WAYS"]
 
@@ -29,6 +30,9 @@ def exchange(compressor: Compressor, payload: list[torch.Tensor], process_group=
     and are padded to the largest. Every tensor sent goes through ``hooks``, counted in ``hooks.traffic``.
     """
     group = process_group if process_group is not None else dist.group.WORLD
+    if not isinstance(payload, (list, tuple)) or not all(isinstance(t, torch.Tensor) for t in payload):
+        raise TypeError(f"payload is a list of tensors, as compressor.compress(tensor)[0] gives it; "
+                        f"got {type(payload).__name__}")
     if communicator == "all_reduce":
         if not compressor.summable:
             raise ValueError(f"{compressor!r} payloads cannot be summed (each rank keeps other entries or its "
@@ -53,6 +57,7 @@ def combine(compressor: Compressor, received: list[list[torch.Tensor]], ctx, wor
     """The mean over ``world_size`` ranks, from what :func:`exchange` returned: one summed payload
     decompressed once, or every rank's decompressed and averaged (signSGD with ``"majority"``: the
     sign of the sum of signs, times the mean scale)."""
+    checks.integer("world_size", world_size, 1)
     if len(received) == 1:  # summed by an all-reduce (or a group of one)
         return compressor.decompress(received[0], ctx) / world_size
     if getattr(compressor, "aggregate", None) == "majority":  # SignSGD, whole or per tensor

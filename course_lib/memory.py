@@ -52,6 +52,8 @@ class ParameterKeys:
 
     def layout(self, params) -> tuple:
         """``((key, numel), ...)`` for ``params`` in order: how a bucket's buffer is cut into them."""
+        if isinstance(params, torch.Tensor):  # its rows are not parameters
+            raise TypeError("params is a list of parameters (bucket.parameters()), not one tensor: pass [p]")
         params = list(params)
         return tuple(zip(self(params), (p.numel() for p in params)))
 

@@ -273,6 +273,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict) -> None:
         """Load a state dict from ``state_dict()`` (or from a plain optimizer over the same parameter
         groups): this rank keeps its own parameters' state; every rank takes the hyperparameters."""
+        if not (isinstance(state_dict, dict) and "state" in state_dict and "param_groups" in state_dict):
+            raise ValueError(f"state_dict must be an optimizer's state dict, with 'state' and 'param_groups' "
+                             f"(from state_dict() after consolidate_state_dict); got "
+                             f"{sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__}")
         saved_groups = state_dict["param_groups"]
         if [len(g["params"]) for g in saved_groups] != [len(g["params"]) for g in self.param_groups]:
             raise ValueError(f"state_dict's parameter groups hold {[len(g['params']) for g in saved_groups]} "
@@ -392,6 +396,9 @@ class ShardedDataParallel(nn.Module):
         super().__init__()
         checks.integer("stage", stage, 0, 3)
         checks.boolean("prefetch", prefetch)
+        if events is not None and not isinstance(events, list):
+            raise TypeError(f"events is a list that receives (what, unit, start, end), or None; got "
+                            f"{type(events).__name__}")
         if prefetch and stage != 3:
             raise ValueError(f"prefetch is for stage 3, whose parameters are gathered at every forward; "
                              f"got stage {stage}")

@@ -60,3 +60,10 @@ def density_that_is_not_a_ratio(rank, world_size):
     state = compression.CompressionState(C.TopK(0.5), density=lambda step: 2)
     model.register_comm_hook(state, compression.compression_hook)
     return _error(lambda: model(torch.randn(3, 4)).sum().backward())
+
+
+def sharded_optimizer_bad_state_dict(rank, world_size):
+    model = nn.Linear(4, 2)
+    opt = sharding.ShardedOptimizer(model.parameters(), torch.optim.Adam, lr=0.01)
+    error = _error(lambda: opt.load_state_dict(model.state_dict()))  # the model's, by mistake
+    return error is not None and error[0] == "ValueError" and "'state' and 'param_groups'" in error[1]

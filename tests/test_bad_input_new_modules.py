@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from course_lib import accumulation, compression, costmodel, local_sgd, memory, sharding
+from course_lib import accumulation, compression, costmodel, exchange, local_sgd, memory, sharding
 from course_lib import compressors as C
 from course_lib.launch import spawn
 from tests import bad_input_workers as W
@@ -189,3 +189,25 @@ def test_a_sharded_optimizers_state_bytes_are_its_ranks_share():
 def test_a_density_that_is_not_a_ratio_is_refused_in_the_hook_on_every_rank():
     for error in spawn(W.density_that_is_not_a_ratio, 2):
         assert error is not None and "state.density(0) must be a ratio: 0 < ratio <= 1, got 2" in error[1]
+
+
+MORE = [
+    # other instances of the same kinds, found by trying each entry point as a user would
+    (lambda: memory.ParameterKeys().layout(_param()), TypeError, "not one tensor: pass [p]"),
+    (lambda: exchange.combine(C.FP16(), [[torch.ones(2)]], None, 0), ValueError,
+     "world_size must be an integer >= 1, got 0"),
+    (lambda: exchange.exchange(C.FP16(), torch.ones(2)), TypeError, "payload is a list of tensors"),
+    (lambda: sharding.ShardedDataParallel(nn.Linear(2, 2), 1, events={}), TypeError,
+     "events is a list that receives (what, unit, start, end)"),
+]
+
+
+@pytest.mark.parametrize("call, kind, words", MORE, ids=[w[:48] for _, _, w in MORE])
+def test_more_mistakes_of_the_same_kinds(call, kind, words):
+    with pytest.raises(kind) as info:
+        call()
+    assert words in str(info.value)
+
+
+def test_a_sharded_optimizer_refuses_a_state_dict_that_is_not_one():
+    assert spawn(W.sharded_optimizer_bad_state_dict, 2) == [True, True]
