@@ -55,7 +55,7 @@ unit: $(VENV)/.test
 browser: $(VENV)/.test
 	$(BIN)/python -m pytest -q -rs tests/test_browser.py
 
-# Which notebooks nbval and nbval-other-cpu run (all by default): make nbval NOTEBOOKS=notebooks/05_power_iteration.ipynb
+# Which notebooks nbval and nbval-other-cpu run (all by default): make nbval NOTEBOOKS=notebooks/06_power_iteration.ipynb
 NOTEBOOKS ?= notebooks
 nbval: $(VENV)/.test
 	$(NBVAL) $(NOTEBOOKS)

@@ -1,4 +1,4 @@
-"""The compression contest of notebook 08, each method at its best: a sweep of learning rate and momentum, then seeds.
+"""The compression contest of notebook 09, each method at its best: a sweep of learning rate and momentum, then seeds.
 
 Every method trains the same model (the digits MLP, hidden 256, 150 steps of 64 on 2 gloo ranks)
 with three seeds, over a grid of the optimizer's momentum and learning rate: momentum 0.9 at three
@@ -12,7 +12,7 @@ parameter's gradient on its own.
 
 Writes benchmarks/results/compression_contest.json (committed): the sweep, the chosen setting, the
 accuracy's mean and standard deviation over the seeds at that setting, the steps to the target
-accuracy, the bytes per step (exact) and this machine's step time. Notebook 08 reads the chosen
+accuracy, the bytes per step (exact) and this machine's step time. Notebook 09 reads the chosen
 settings from it; tests/test_compression_contest.py checks that each chosen setting is the sweep's
 best and that one run reproduces its row.
 

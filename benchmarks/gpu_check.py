@@ -14,7 +14,7 @@ notebooks read (always labelled with the device it was measured on):
    torch's; the sharded and local-SGD modules; the memory ledger against the CUDA allocator.
 3. GPU timings side by side: full SVD, ``torch.svd_lowrank`` and one rank-2 power step at 1024²,
    4096² and on ResNet-18's layers (the PowerSGD paper: 673 ms for an SVD, 105 ms for a whole
-   rank-2 step); each compressor's encode + decode; one training step's computation of notebook 10's
+   rank-2 step); each compressor's encode + decode; one training step's computation of notebook 12's
    model per hook; the kernels each hook launches per step (profiler) and the time of one launch.
 
     PYTHONPATH=. python benchmarks/gpu_check.py [--out benchmarks/results/gpu_check.json]
@@ -59,14 +59,14 @@ from course_lib.utils.digits import batch_slice, digits_tensors, mlp
 from course_lib.utils.shapes import resnet18_cifar_shapes
 from course_lib.utils.timing import median_seconds
 
-# notebook 10's model and run: an MLP 512 -> 1024 -> 1024 -> 10, 64 samples per worker, PowerSGD from the 6th step
+# notebook 12's model and run: an MLP 512 -> 1024 -> 1024 -> 10, 64 samples per worker, PowerSGD from the 6th step
 BENCH = TrainConfig(n_in=512, hidden=1024, depth=2, lr=0.05, start_powerSGD_iter=5, eval_every=1000, steps=25,
                     batch_size=64)
 BENCH_HOOKS = {"all-reduce": dict(hook="allreduce"), "fp16": dict(hook="fp16"),
                "PowerSGD r=1": dict(hook="powersgd", matrix_approximation_rank=1),
                "PowerSGD r=2": dict(hook="powersgd", matrix_approximation_rank=2),
                "PowerSGD r=4": dict(hook="powersgd", matrix_approximation_rank=4)}
-# every other hook of the course, on the same model: its step's computation and its kernels (notebooks 07, 08)
+# every other hook of the course, on the same model: its step's computation and its kernels (notebooks 08, 09)
 OTHER_HOOKS = {"bf16": dict(hook="bf16"),
                "PowerSGD r=2, batched": dict(hook="batched_powersgd", matrix_approximation_rank=2),
                "PowerSGD r=2, ordered": dict(hook="ordered_powersgd", matrix_approximation_rank=2),
@@ -488,7 +488,7 @@ def timings(device, quick):
         rn[key] = median_seconds(lambda state=state, grads=grads: powersgd.compress_on_one_process(state, grads), 10,
                                  warmup=2, device=device)
     out["resnet18"] = rn
-    # each compressor, per tensor as the hooks compress, on notebook 10's model's gradient
+    # each compressor, per tensor as the hooks compress, on notebook 12's model's gradient
     numels = [p.numel() for p in mlp(hidden=1024, depth=2, n_in=512).parameters()]
     grad = torch.randn(sum(numels), generator=g).to(device)
     rows = []
@@ -532,7 +532,7 @@ def timings(device, quick):
 
 
 def training_step(backend, quick):
-    """Section 3c: one training step's computation of notebook 10's model per hook, on one worker (its
+    """Section 3c: one training step's computation of notebook 12's model per hook, on one worker (its
     all-reduces then move nothing), three rounds, hooks taking turns; and the kernels each launches."""
     bench = replace(BENCH, steps=12) if quick else BENCH
     rounds = 1 if quick else 3

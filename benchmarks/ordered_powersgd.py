@@ -1,6 +1,6 @@
 """Step time of ordered_powerSGD_hook against the blocking powerSGD_hook and torch's hook.
 
-Goal (issue: notebook 06): the ordered hook's step is at most 0.9x the blocking hook's, on 2 gloo
+Goal (issue: notebook 07): the ordered hook's step is at most 0.9x the blocking hook's, on 2 gloo
 processes, for a model whose backward is long compared with the hook's communication (an MLP
 512 -> 1024 x 4 -> 10 on batches of 512, rank 2, buckets of 4 MB: several buckets, so that the
 first ones can be communicated while backward computes the rest). torch's hook is timed where it

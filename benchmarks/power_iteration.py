@@ -1,6 +1,6 @@
 """One rank-2 power-iteration step against a full SVD at 1024 x 1024, and warm-start convergence.
 
-Goals (issue: notebook 05): the step is at least 30x faster than torch.linalg.svd; after at most
+Goals (issue: notebook 06): the step is at least 30x faster than torch.linalg.svd; after at most
 10 warm-started steps on a real gradient its error is within 1% of the SVD optimum.
     .venv/bin/python benchmarks/power_iteration.py
 """

@@ -1,6 +1,6 @@
 """Step time of the course's PowerSGD hook against torch's, same model, same bucket layout.
 
-Goal (issue: notebook 06): the course hook's step is at most 1.0x torch's, on 2 gloo processes
+Goal (issue: notebook 07): the course hook's step is at most 1.0x torch's, on 2 gloo processes
 with an MLP 512 -> 1024 -> 1024 -> 10 and bucket_cap_mb=100 (one bucket, where torch's hook runs).
 Both hooks are run alternately in the same processes; each figure is the median step time after
 PowerSGD has started. Also shows torch's hook on many small buckets (bucket_cap_mb=1) failing,

@@ -44,13 +44,15 @@ above (``tests/test_package.py`` reads every import and fails on one that runs u
   ``notebooks.exercises.core``: ``notebooks.exercises.nb00``, ``notebooks.exercises.nb01``,
   ``notebooks.exercises.nb02``, ``notebooks.exercises.nb03``, ``notebooks.exercises.nb04``,
   ``notebooks.exercises.nb05``, ``notebooks.exercises.nb06``, ``notebooks.exercises.nb07``,
-  ``notebooks.exercises.nb08``, ``notebooks.exercises.nb09``, ``notebooks.exercises.nb10``),
+  ``notebooks.exercises.nb08``, ``notebooks.exercises.nb09``, ``notebooks.exercises.nb11``,
+  ``notebooks.exercises.nb12``),
   ``notebooks.widgets`` (the explorers: ``notebooks.widgets.low_rank``, ``notebooks.widgets.links``,
   ``notebooks.widgets.zero_memory``, sharing ``notebooks.widgets.common``), ``notebooks.figures``
   (the diagrams in ``img/`` and plots of a notebook's own results), ``notebooks.demos`` (small
   workers the notebooks start), ``notebooks.ddp_program`` (torch's DDP program in plain sight,
-  notebook 03), ``notebooks.hook_runs`` (runs told as how they ended, and the hooks' timelines,
-  notebook 07), ``notebooks.sharding_runs`` and ``notebooks.local_sgd_runs`` (the runs of notebooks
+  notebook 04), ``notebooks.ddp_debugging`` (a desync, a missing rank, a hung job, the profiler and DDP's
+  settings at work, notebook 04), ``notebooks.hook_runs`` (runs told as how they ended, and the hooks' timelines,
+  notebook 08), ``notebooks.sharding_runs`` and ``notebooks.local_sgd_runs`` (the runs of notebooks
   04 and 09), ``notebooks.gpu_results`` (what ``benchmarks/gpu_check.py`` measured on a GPU).
 """
 

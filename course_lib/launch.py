@@ -29,7 +29,8 @@ On top of it, spawn adds what start_processes lacks:
 * blame: the first failure ends the group, and it is the cause that is reported, not the
   "connection closed" that it causes in the peers; a worker that dies without reporting (a crash,
   ``os._exit``, a signal) is named with its exit code;
-* a timeout, after which the workers are killed and the ranks still running are named;
+* a timeout, after which the ranks still running are named, with where each was (its Python stack,
+  dumped by the worker itself on a signal: see :func:`spawn`), and killed;
 * no orphans: whatever ends the call (a failure, the timeout, Ctrl-C, or an error while the
   workers are being started, when start_processes raises without handing back the ones it had
   already started) every started worker is terminated, then killed; a worker whose caller is
@@ -43,6 +44,7 @@ For multi-node runs, start the same worker code with ``torchrun`` and call :func
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import multiprocessing
 import os
 import pickle
@@ -51,6 +53,7 @@ import select
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -88,6 +91,12 @@ _PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "course_lib.launch", 
             "course_lib.data_parallel", "course_lib.utils.digits", "course_lib.notebooks.demos",
             "course_lib.notebooks.hook_runs", "course_lib.notebooks.sharding_runs",
             "course_lib.notebooks.local_sgd_runs", "course_lib.notebooks.exercises"]
+
+# The signal that asks a worker for its Python stack (not on Windows, which has no SIGUSR1). faulthandler
+# writes the stack from inside the signal handler, in C: a worker blocked in a collective, in C++ code that
+# never returns to Python, still answers.
+_STACK_SIGNAL = getattr(signal, "SIGUSR1", None)
+_stack_file = None  # the worker's open file for it (kept open: faulthandler writes to its descriptor)
 
 # How long a terminated worker gets to exit before it is killed.
 _GRACE_S = 3.0
@@ -276,7 +285,7 @@ def _watch_caller(pid: int) -> None:
     threading.Thread(target=wait, daemon=True, name="course_lib-watch-caller").start()
 
 
-def _worker(rank, fn, world_size, port, backend, timeout_s, args, results, environ, caller):
+def _worker(rank, fn, world_size, port, backend, timeout_s, args, results, environ, caller, stack_paths):
     # start_processes calls this as _worker(i, *args) in process i: the process index is the rank.
     # The environment is the caller's at the call: a forked worker would otherwise have the fork
     # server's, from the first call (a variable set in a notebook since then would be missing), and
@@ -291,6 +300,10 @@ def _worker(rank, fn, world_size, port, backend, timeout_s, args, results, envir
     signal.signal(signal.SIGINT, signal.default_int_handler)
     if os.getppid() != caller:  # forked by the fork server, not started by the caller
         _watch_caller(caller)
+    if stack_paths is not None:
+        global _stack_file
+        _stack_file = open(stack_paths[rank], "w")
+        faulthandler.register(_STACK_SIGNAL, file=_stack_file, all_threads=True)
     global _progress_queue
     _progress_queue = results
     os.environ.update(
@@ -339,6 +352,62 @@ def _worker(rank, fn, world_size, port, backend, timeout_s, args, results, envir
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _stacks(procs, ranks: list[int], stack_paths: list[str] | None, wait_s: float = 2.0) -> dict[int, str]:
+    """Ask each worker of ``ranks`` still alive for its Python stack; ``{rank: the stack of its main
+    thread, most recent call first, from fn down}`` for those that answered within ``wait_s`` seconds."""
+    if stack_paths is None:
+        return {}
+    asked = []
+    for r in ranks:
+        p = procs[r] if r < len(procs) else None
+        if p is not None and p.pid is not None and p.is_alive():
+            try:
+                os.kill(p.pid, _STACK_SIGNAL)
+                asked.append(r)
+            except OSError:  # it exited meanwhile
+                pass
+    deadline, texts = time.monotonic() + wait_s, {}
+    while asked and time.monotonic() < deadline:
+        time.sleep(0.05)
+        for r in list(asked):
+            with open(stack_paths[r]) as fh:
+                text = fh.read()
+            if "in _worker" in text:  # the main thread's stack is written through to its last frame
+                texts[r] = _main_thread_stack(text)
+                asked.remove(r)
+    return texts
+
+
+def _main_thread_stack(dump: str) -> str:
+    """Of faulthandler's dump of every thread, the block of the thread that runs ``_worker`` (the main
+    one), from its most recent call down to ``fn``; paths shortened to the package they are in."""
+    for block in dump.strip().split("\n\n"):
+        frames = [line.strip() for line in block.splitlines()[1:]]
+        if any(f.endswith(" in _worker") for f in frames):
+            frames = frames[: next(i for i, f in enumerate(frames) if f.endswith(" in _worker"))]
+            return "\n".join(_short_path(f) for f in frames)
+    return dump.strip()
+
+
+def _short_path(frame: str) -> str:
+    """``File "/…/site-packages/torch/x.py", line 3 in f`` -> ``torch/x.py, line 3 in f``."""
+    if not frame.startswith('File "'):
+        return frame
+    path, _, rest = frame[len('File "'):].partition('"')
+    for anchor in ("site-packages/", "dist-packages/"):
+        if anchor in path:
+            path = path.rsplit(anchor, 1)[1]
+            break
+    else:
+        parts = path.replace(os.sep, "/").split("/")
+        # from the course's own package, or else from the last of its folders (a notebook's my_*.py)
+        at = [i for i, part in enumerate(parts) if part == "course_lib"] or \
+             [i for i, part in enumerate(parts) if part in ("tests", "notebooks", "benchmarks", "solutions")][-1:]
+        if at:
+            path = "/".join(parts[at[-1]:])
+    return path + rest
 
 
 def _noop() -> None:
@@ -507,7 +576,10 @@ def spawn(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 
     Failures never hang: if a worker raises or dies, the others are terminated and a
     :class:`WorkerError` names the rank and carries its exception type, message and traceback.
     If the group has not finished ``timeout_s`` seconds after the call (starting the workers
-    included), every worker is killed and a ``TimeoutError`` names the ranks still running.
+    included), every worker is killed and a ``TimeoutError`` names the ranks still running and says
+    where each was: before killing them, spawn sends each a SIGUSR1, on which it writes its Python stack
+    (``faulthandler``; not on Windows), and the error's message ends with each rank's stack, from the
+    most recent call down to ``fn`` (``error.stacks``: ``{rank: stack}``).
 
     ``world_size`` above ``max_world_size`` (default: 8 per core, at least 16) is refused with a
     ``ValueError``; pass ``max_world_size=None`` to start that many processes anyway.
@@ -544,9 +616,17 @@ def spawn(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 
     if progress:
         bar = progress_bar(total=progress, desc=desc or getattr(fn, "__name__", "workers"))
     deadline = time.monotonic() + timeout_s  # starting the workers counts: importing torch takes seconds each
+    stack_paths = None  # where each worker writes its stack when asked (at the timeout)
     try:
+        if _STACK_SIGNAL is not None:
+            stack_paths = []
+            for r in range(world_size):
+                fd, path = tempfile.mkstemp(prefix=f"course_lib_rank{r}_", suffix=".stack")
+                os.close(fd)
+                stack_paths.append(path)
         _start_workers(procs, error_files, world_size,
-                       (fn, world_size, store.port, backend, timeout_s, args, results, dict(os.environ), os.getpid()),
+                       (fn, world_size, store.port, backend, timeout_s, args, results, dict(os.environ), os.getpid(),
+                        stack_paths),
                        context.get_start_method())
         # Wait on our own queue rather than in ProcessContext.join: join watches only exit codes
         # (our workers report failures on the queue and exit with 0), and a worker whose result is
@@ -555,10 +635,14 @@ def spawn(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 running = [r for r in range(world_size) if r not in values]
-                raise TimeoutError(
+                stacks = _stacks(procs, running, stack_paths)
+                where = "".join(f"\n\nrank {r} was in (most recent call first):\n{stacks[r]}" for r in sorted(stacks))
+                error = TimeoutError(
                     f"spawn timed out after {timeout_s:g} s; rank(s) {running} were still running "
-                    f"and have been killed. Raise timeout_s if the work is just slow."
+                    f"and have been killed. Raise timeout_s if the work is just slow.{where}"
                 )
+                error.stacks = stacks  # {rank: its Python stack at the timeout}
+                raise error
             try:
                 status, rank, stamp, payload = results.get(timeout=min(0.2, remaining))
             except queue.Empty:
@@ -580,7 +664,7 @@ def spawn(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 
         results.join_thread()
         del store
         # Nothing in torch removes the traceback files that start_processes' wrapper writes.
-        for path in error_files:
+        for path in error_files + (stack_paths or []):
             if os.path.exists(path):
                 os.remove(path)
     return [values[r] for r in range(world_size)]

@@ -1,52 +1,42 @@
-"""Notebook 05: power iteration."""
+"""Notebook 05: sharded data parallelism, ZeRO-1, 2 and 3 and FSDP (``zero2_gradient`` is what a student
+writes in my_sharding.py: it runs in the worker processes; the other two are written in the notebook).
+
+``zero2_gradient(grads, group=None)`` takes one unit's gradients (a list of tensors of any shapes) and
+returns this rank's slice of their average over the ranks as sharded data parallelism keeps it: the
+tensors flattened in order, padded with zeros to p·c numbers (c = ceil(n / p)), numbers
+[rank·c, (rank + 1)·c) of the average, in a tensor of its own."""
+
+import math
 
 import torch
+import torch.distributed as dist
+
+from course_lib import collectives
 
 
-def my_stable_orthogonalize(X):
-    # Householder: reflect column k onto a multiple of e_k, which zeroes it below the diagonal without
-    # subtracting nearly equal columns from each other (what makes Gram-Schmidt lose orthogonality).
-    # The product of the reflections, applied to the first r columns of the identity, is P.
-    n, r = X.shape
-    A = X.clone()
-    vs = []
-    for k in range(r):
-        x = A[k:, k]
-        v = x.clone()
-        alpha = torch.linalg.vector_norm(x)
-        v[0] += alpha if x[0] >= 0 else -alpha  # the sign that adds, never cancels
-        norm = torch.linalg.vector_norm(v)
-        if norm > 0:
-            v /= norm
-            A[k:, k:] -= 2 * torch.outer(v, v @ A[k:, k:])
-        vs.append(v)
-    P = torch.eye(n, r, dtype=X.dtype)
-    for k in reversed(range(r)):
-        P[k:] -= 2 * torch.outer(vs[k], vs[k] @ P[k:])
-    return P
+def zero2_gradient(grads, group=None):
+    p = dist.get_world_size(group)
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    padded = torch.cat([flat, flat.new_zeros(-flat.numel() % p)])  # p chunks of c numbers each
+    # sums in place and returns this rank's chunk, a view into padded; dividing makes a new tensor of the
+    # chunk alone, so the whole padded gradient need not be kept
+    return collectives.ring_reduce_scatter(padded, group=group) / p
 
 
-def my_rank1_error(s, c, k):
-    # q = sum c_i v_i; M v_i = s_i u_i and M^T u_i = s_i v_i, so after k steps
-    # P ~ M (M^T M)^(k-1) q = sum s_i^(2k-1) c_i u_i. For a unit P, ||M - P P^T M||^2 = ||M||^2 - ||P^T M||^2,
-    # and ||P^T M||^2 = sum s_i^2 (P . u_i)^2.
-    a = s ** (2 * k - 1) * c
-    w = a.square() / a.square().sum()  # (P . u_i)^2
-    energy = s.square()
-    return (1 - (w * energy).sum() / energy.sum()).clamp(min=0).sqrt().item()
+def my_zero_bytes(n_params, stage, world_size):
+    shard = math.ceil(n_params / world_size)  # each rank's slice of a vector padded to a multiple of p
+
+    def held(sharded_from):  # numbers held of a category that stages >= sharded_from shard
+        return shard if stage >= sharded_from else n_params
+
+    # fp16 parameters (2 bytes) from stage 3, fp16 gradients (2) from stage 2, and from stage 1 Adam's
+    # fp32 master copy, momentum and variance (4 + 4 + 4 = 12)
+    return 2 * held(3) + 2 * held(2) + 12 * held(1)
 
 
-def my_smallest_rank(M, max_error):
-    # Eckart-Young: the best rank-r error is the energy beyond the first r singular values
-    energy = torch.linalg.svdvals(M.double()).square()
-    for r in range(1, len(energy) + 1):
-        if (energy[r:].sum() / energy.sum()).sqrt().item() <= max_error:
-            return r
-    return len(energy)
-
-
-def my_pq_singular_values(P, Q):
-    # For P with orthonormal columns, ||P Q^T x|| = ||Q^T x|| for every x: P Q^T and Q^T (r x m) have the
-    # same singular values, and Q's r x r Gram matrix Q^T Q holds their squares as its eigenvalues.
-    # Q's column norms are not them: Q's columns are orthogonal only once the iteration has converged.
-    return torch.linalg.eigvalsh(Q.mT @ Q).clamp(min=0).sqrt().flip(0)
+def my_bytes_sent(n_params, stage, world_size):
+    chunk = math.ceil(n_params / world_size)  # the unit is padded: every ring step sends a whole chunk
+    # stage 0: an all-reduce, 2 (p - 1) chunks; 1 and 2: a reduce-scatter + an all-gather, the same;
+    # 3: the parameters gathered for forward and again for backward, + a reduce-scatter: 3 (p - 1)
+    ring_halves = 3 if stage == 3 else 2
+    return 4 * ring_halves * (world_size - 1) * chunk

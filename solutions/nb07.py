@@ -1,51 +1,44 @@
-"""Notebook 07: PowerSGD in practice (the hook a student writes in my_powersgd_hook.py)."""
+"""Notebook 07: PowerSGD."""
+
+import math
 
 import torch
-import torch.distributed as dist
-
-from course_lib import hooks
-from course_lib.lowrank import orthogonalize_
 
 
-def my_powersgd_hook(state, bucket):
-    r = state.matrix_approximation_rank
-    world_size = dist.get_world_size()
-    buffer = bucket.buffer()
-    key = bucket.index()  # the buckets keep their layout from step 1 on: a bucket's index is enough
-    if key in state.error_dict:
-        buffer += state.error_dict[key]  # error feedback: add what was left out last step
-    wanted = buffer.clone()  # what this rank wants to send
-    grads = bucket.gradients()  # views into buffer
-    matrices = [g for g in grads if g.dim() == 2]
-    vectors = [g for g in grads if g.dim() != 2]
-    if key not in state.q_memory_dict:  # the first compressed step: fresh Q's; then warm start
-        state.q_memory_dict[key] = state.fresh_qs([(M.shape[1], r) for M in matrices])
-    qs = state.q_memory_dict[key]
+def my_mean_and_own_buffer(grads, compress):
+    errors = [torch.zeros_like(g) for g in grads[0]]
+    for step in grads:
+        # each worker puts in its gradient plus its buffer; the all-reduces give every worker the
+        # compression of the average of what was put in; each keeps what it put in minus that
+        put_in = [g + e for g, e in zip(step, errors)]
+        update = compress(sum(put_in) / len(put_in))
+        errors = [p - update for p in put_in]
+    return sum(errors) / len(errors), errors[0]
 
-    # first all-reduce: every P = M Q and the vectors (sent whole), in one buffer
-    ps = [M @ orthogonalize_(q) for M, q in zip(matrices, qs)]
-    flat = torch.cat([p.flatten() for p in ps] + [v.flatten() for v in vectors])
-    dist.all_reduce(flat)  # summed: P is orthogonalized next, which undoes any scale
-    offset = 0
-    for p in ps:
-        p.copy_(flat[offset : offset + p.numel()].view_as(p))
-        offset += p.numel()
-    for v in vectors:
-        v.copy_(flat[offset : offset + v.numel()].view_as(v) / world_size)
-        offset += v.numel()
 
-    # second all-reduce: every Q = M^T P, from the orthogonalized P
-    new_qs = [M.T @ orthogonalize_(p) for M, p in zip(matrices, ps)]
-    flat = torch.cat([q.flatten() for q in new_qs])
-    dist.all_reduce(flat)
-    flat /= world_size
-    offset = 0
-    for q in new_qs:
-        q.copy_(flat[offset : offset + q.numel()].view_as(q))
-        offset += q.numel()
+def my_numbers_per_step(shapes, r, min_compression_rate):
+    total = 0
+    for shape in shapes:
+        numel = math.prod(shape)
+        if len(shape) == 0 or numel == 0:  # nothing to factor
+            total += numel
+            continue
+        n, m = shape[0], numel // shape[0]  # rows x everything else; a vector is n x 1
+        rank = min(n, m, r)
+        compressed = (n + m) * rank
+        total += compressed if compressed * min_compression_rate < n * m else numel
+    return total
 
-    for M, p, q in zip(matrices, ps, new_qs):
-        M.copy_(p @ q.T)  # the average of every rank's M, projected on span(P)
-    state.q_memory_dict[key] = new_qs  # warm start
-    state.error_dict[key] = wanted - buffer  # what this rank wanted to send, minus what all received
-    return hooks.completed_future(buffer)
+
+def my_memory_per_rank(shapes, r, min_compression_rate, use_error_feedback, warm_start):
+    total = 0
+    for shape in shapes:
+        numel = math.prod(shape)
+        if use_error_feedback:  # an error for every parameter: the averaged ones differ from this rank's too
+            total += numel
+        if warm_start and len(shape) > 0 and numel > 0:
+            n, m = shape[0], numel // shape[0]
+            rank = min(n, m, r)
+            if (n + m) * rank * min_compression_rate < n * m:  # compressed: its Q (m x rank) is kept
+                total += m * rank
+    return total

@@ -63,7 +63,7 @@ def nccl_tests_of_known_sleeps(rank, world_size, d):
 
 
 def ddp_bucket_numels(rank, world_size, bucket_cap_mb, iterations=3):
-    """The buckets DDP hands its hook (numbers per bucket, per iteration), for notebook 10's
+    """The buckets DDP hands its hook (numbers per bucket, per iteration), for notebook 12's
     benchmark model (MLP 512-1024-1024-10): what the hooks' counters must agree with."""
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP

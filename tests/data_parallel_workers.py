@@ -140,7 +140,7 @@ def rank0_only_hook(process_group, bucket):
 def ddp_payloads(rank, world_size, runs, hidden=512, depth=4):
     """Worker: for each ``(bucket_cap_mb, steps, k, no_sync)`` of ``runs``, a new DDP model (``None``:
     no cap given) trained ``steps`` steps of ``k`` micro-batches; the bytes of every bucket DDP
-    handed its hook, in order (what notebook 03's exercise 1 must predict)."""
+    handed its hook, in order (what notebook 04's exercise 1 must predict)."""
     import contextlib
 
     from course_lib.utils.digits import digits_tensors, mlp

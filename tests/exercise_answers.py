@@ -255,7 +255,7 @@ def recursive_doubling_by_blocking_send_recv(tensor):
     return out
 
 
-# --- notebook 08: top-k across ranks ------------------------------------------------------------------
+# --- notebook 09: top-k across ranks ------------------------------------------------------------------
 
 
 def topk_average_by_all_reduce(tensor, k):
@@ -293,11 +293,11 @@ def topk_average_overwriting(tensor, k):
     return out / p
 
 
-# --- notebook 07: a PowerSGD communication hook ------------------------------------------------------
+# --- notebook 08: a PowerSGD communication hook ------------------------------------------------------
 
 
 def _powersgd_hook(state, bucket, error_feedback=True, orthogonalize=True, all_reduce_q=True):
-    # solutions/nb07.py's hook, with one step left out at a time
+    # solutions/nb08.py's hook, with one step left out at a time
     from course_lib import hooks
     from course_lib.lowrank import orthogonalize_
 

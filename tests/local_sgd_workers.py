@@ -1,5 +1,5 @@
 """Workers for tests/test_local_sgd.py (spawn sends functions by name, so they live in a module); the
-parity runs against torch's classes are notebook 09's own, in course_lib.notebooks.local_sgd_runs."""
+parity runs against torch's classes are notebook 11's own, in course_lib.notebooks.local_sgd_runs."""
 
 import copy
 

@@ -39,7 +39,7 @@ def run_step(targets: list[str]) -> list[tuple[str, float, int]]:
     if len(targets) > 1:
         # Side by side, a process computing on every core (a notebook's kernel, with torch's threads)
         # shares them with the others. OpenMP's threads then spin while they wait for each other, and
-        # a spinning thread holds a core the thread it waits for needs: notebook 05 took 71 s instead
+        # a spinning thread holds a core the thread it waits for needs: notebook 06 took 71 s instead
         # of 33 beside another run, 42 s with passive waiting. Passive waiting changes how a thread
         # waits, not the threads or the work each does: the same numbers come out.
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -1,4 +1,4 @@
-"""Notebook 04's exercises: answers a student might give to the ZeRO-2 exercise (wrong ones, each wrong in
+"""Notebook 05's exercises: answers a student might give to the ZeRO-2 exercise (wrong ones, each wrong in
 one way the exercise is about, and right ones in other styles than solutions/), and the worker that
 measures what ShardedDataParallel sends. spawn sends functions by name, so they live in a module."""
 

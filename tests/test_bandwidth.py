@@ -45,7 +45,7 @@ def test_sweep_worker_on_gloo():
 
 def test_the_ring_fit_on_measured_gloo_rows_at_world_3():
     # The fit against nccl-tests' definitions (busbw, not algbw, at p = 2, 3, 4, 8) is in
-    # test_costmodel.py, on rows made to order. Here: real rows from 3 gloo processes, as notebook 10
+    # test_costmodel.py, on rows made to order. Here: real rows from 3 gloo processes, as notebook 12
     # fits them, against the same weighted least squares solved another way (its 2 x 2 normal
     # equations, by hand, in MB). Not how well the line describes the times: on a loaded 2-core
     # machine three processes' times are mostly noise (a predicted/measured ratio of 0.36 at 16 MiB was
@@ -90,7 +90,7 @@ def test_nccl_tests_timing_is_the_mean_of_the_timed_loop_averaged_over_ranks():
 
 @pytest.mark.parametrize("bucket_cap_mb", [25, 1])
 def test_notebook_10_counts_collectives_as_ddp_buckets_them(bucket_cap_mb):
-    # Notebook 10 takes the collectives per step from the hooks' counters, never from an assumption
+    # Notebook 12 takes the collectives per step from the hooks' counters, never from an assumption
     # about the buckets. With bucket_cap_mb=25 (given explicitly, so DDP uses no smaller first bucket)
     # the benchmark model is one bucket; with 1 MB it is two after DDP's rebuild. The reference is what
     # DDP hands its hook, logged by another hook in another model.
@@ -111,7 +111,7 @@ def test_notebook_10_counts_collectives_as_ddp_buckets_them(bucket_cap_mb):
 
 
 def test_notebook_10_unset_bucket_cap_splits_its_model_in_two():
-    # Notebook 10 says why it passes bucket_cap_mb=25 explicitly: left unset, DDP closes its first bucket at
+    # Notebook 12 says why it passes bucket_cap_mb=25 explicitly: left unset, DDP closes its first bucket at
     # 1 MiB (dist._DEFAULT_FIRST_BUCKET_BYTES), so after the rebuild the same model is two buckets, where the
     # explicit 25 MB gives one (the test above). The reference is what DDP hands its hook.
     layout = spawn(W.ddp_bucket_numels, 2, None, backend="gloo")[0][-1]  # after the rebuild

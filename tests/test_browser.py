@@ -11,7 +11,7 @@ So, for every notebook:
 * its set-up cell runs without error, in that kernel;
 * a notebook with a widget also runs the widget's cell and the cells that cell needs (found from the
   names it reads: see ``cells_needed``), and the widget is moved with the keyboard or the mouse until
-  what it shows changes: notebook 04's ZeRO memory calculator, 05's rank slider, 09's period explorer
+  what it shows changes: notebook 05's ZeRO memory calculator, 05's rank slider, 09's period explorer
   and 10's bandwidth explorer;
 * one notebook, ``FULL_RUN``, is run top to bottom, as a student first does.
 
@@ -66,7 +66,7 @@ def lab(tmp_path_factory):
     work = tmp_path_factory.mktemp("lab")
     shutil.copytree(ROOT / "notebooks", work / "notebooks", ignore=shutil.ignore_patterns("my_*.py", ".ipynb_*"))
     shutil.copytree(ROOT / "img", work / "img")
-    # notebook 08 reads the committed contest table, as it does in a clone
+    # notebook 09 reads the committed contest table, as it does in a clone
     shutil.copytree(ROOT / "benchmarks" / "results", work / "benchmarks" / "results")
     # JupyterLab 4 leaves off-screen cells out of the page unless windowing is off
     settings = work / "settings" / "@jupyterlab" / "notebook-extension"
@@ -392,30 +392,30 @@ def _explorer(page, label, marker, shot, within=None):
 
 
 def _move_rank_slider(page):
-    slider, text, picture = _explorer(page, "rank", "relative error", "05_rank_slider")
+    slider, text, picture = _explorer(page, "rank", "relative error", "06_rank_slider")
     before, src = text.inner_text(), picture.get_attribute("src")
     _press(page, slider, "ArrowRight", 3)
     # 4 (the stored state) + three steps to the right; the kernel recomputes and redraws
     page.wait_for_function("el => el.innerText.startsWith('rank 7:')", arg=text.element_handle(), timeout=60_000)
     _wait_changed(page, picture, "src", src)
     after, src = text.inner_text(), picture.get_attribute("src")
-    page.screenshot(path=str(SHOTS / "05_rank_slider.after.png"))
+    page.screenshot(path=str(SHOTS / "06_rank_slider.after.png"))
     assert before.startswith("rank 4:") and "relative error" in after and after != before
     # the matrix menu: the photograph has other numbers, and another picture, at the same rank
     page.locator(".widget-dropdown select").first.select_option(label="grace_hopper.jpg in grey (600 x 512)")
     _wait_changed(page, text, "innerText", after)
     _wait_changed(page, picture, "src", src)
-    page.screenshot(path=str(SHOTS / "05_matrix_menu.after.png"))
+    page.screenshot(path=str(SHOTS / "06_matrix_menu.after.png"))
     assert text.inner_text().startswith("rank 7:")
 
 
 def _move_bandwidth_slider(page):
-    slider, text, picture = _explorer(page, "GB/s", "bus bandwidth", "10_bandwidth_slider")
+    slider, text, picture = _explorer(page, "GB/s", "bus bandwidth", "12_bandwidth_slider")
     before, src = text.inner_text(), picture.get_attribute("src")
     _press(page, slider, "ArrowRight", 4)  # up the log scale, 0.05 a step
     _wait_changed(page, text, "innerText", before)
     _wait_changed(page, picture, "src", src)
-    page.screenshot(path=str(SHOTS / "10_bandwidth_slider.after.png"))
+    page.screenshot(path=str(SHOTS / "12_bandwidth_slider.after.png"))
     gbps = [float(re.search(r"bus bandwidth ([\d.]+) GB/s", t).group(1)) for t in (before, text.inner_text())]
     assert gbps[0] == 1.25 and gbps[1] > 1.25, gbps
 
@@ -426,9 +426,9 @@ def _total_bytes(text: str) -> int:
 
 
 def _move_memory_calculator(page):
-    """Notebook 04's ZeRO memory calculator: click stage 3, then add ranks with the keyboard; each rank
+    """Notebook 05's ZeRO memory calculator: click stage 3, then add ranks with the keyboard; each rank
     must be shown holding less each time, in the numbers and in the picture."""
-    slider, text, picture = _explorer(page, "world size", "bytes per rank", "04_memory_calculator")
+    slider, text, picture = _explorer(page, "world size", "bytes per rank", "05_memory_calculator")
     stage = page.locator(".widget-toggle-buttons", has=page.locator("label", has_text="ZeRO stage")).first
 
     def click_stage(label):
@@ -450,7 +450,7 @@ def _move_memory_calculator(page):
     _press(page, slider, "ArrowLeft" if fewer else "ArrowRight", 2)
     _wait_changed(page, text, "innerText", after)
     _wait_changed(page, picture, "src", src)
-    page.screenshot(path=str(SHOTS / "04_memory_calculator.after.png"))
+    page.screenshot(path=str(SHOTS / "05_memory_calculator.after.png"))
     moved = text.inner_text()
     assert (_total_bytes(moved) > _total_bytes(after)) if fewer else (_total_bytes(moved) < _total_bytes(after)), \
         (after, moved)
@@ -466,10 +466,10 @@ def _period_numbers(text: str) -> tuple[int, float, float, float]:
 
 
 def _move_period_slider(page):
-    """Notebook 09's period explorer: a faster link, then a longer period H, with the keyboard (the other
+    """Notebook 11's period explorer: a faster link, then a longer period H, with the keyboard (the other
     way where a slider is at its end). A faster link shortens the all-reduce, and local SGD's step with it;
     a longer period shares the all-reduce among more steps: local SGD's step shortens."""
-    bandwidth, text, picture = _explorer(page, "GB/s", "communicate every", "09_period_explorer",
+    bandwidth, text, picture = _explorer(page, "GB/s", "communicate every", "11_period_explorer",
                                          within=".period-explorer")
     period = page.locator(".period-explorer").first.locator(
         ".widget-slider", has=page.locator("label", has_text="period H")).first
@@ -497,4 +497,4 @@ def _move_period_slider(page):
     # two stops of the period slider (H x 4, or / 4): the same all-reduce, shared by more steps
     shown, moved, back = move(period, 0, 1024)
     assert moved[3] == shown[3] and ((moved[2] > shown[2]) if back else (moved[2] < shown[2])), (shown, moved)
-    page.screenshot(path=str(SHOTS / "09_period_explorer.after.png"))
+    page.screenshot(path=str(SHOTS / "11_period_explorer.after.png"))

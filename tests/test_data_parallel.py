@@ -199,7 +199,7 @@ def test_the_fp16_wrapper_around_allreduce_is_torchs_and_passes_the_check():
 
 
 def test_the_bucket_exercise_predicts_what_ddp_sends():
-    # notebook 03's exercise 1: its reference (a formula: one bucket at the first synchronizing backward,
+    # notebook 04's exercise 1: its reference (a formula: one bucket at the first synchronizing backward,
     # then the rebuilt buckets, the first at 1 MiB when no cap is given) against DDP's own hook calls
     from course_lib.notebooks.exercises import ddp_all_reduces
 

@@ -1,4 +1,4 @@
-"""course_lib.notebooks.ddp_program: notebook 03's programs, run as the notebook runs them."""
+"""course_lib.notebooks.ddp_program: notebook 04's programs, run as the notebook runs them."""
 
 import socket
 

@@ -10,7 +10,7 @@ from course_lib.launch import spawn
 from course_lib.notebooks import exercises as ex
 from course_lib.notebooks.exercises import NotAllowed, Rules, check, compare
 from course_lib.notebooks.exercises.core import _input_numbers, _Watch
-from solutions import nb04, nb09
+from solutions import nb05, nb11
 from tests import sharding_exercise_workers as Z
 
 
@@ -81,7 +81,7 @@ def test_compare_shapes_and_numbers():
     assert compare([1, 2], (1, 3)).startswith("item 1")
 
 
-# --- notebook 04: sharded data parallelism ---------------------------------------------------------
+# --- notebook 05: sharded data parallelism ---------------------------------------------------------
 
 
 def test_zero2_rules_refuse_every_all_reduce_by_name_and_put_them_back():
@@ -140,7 +140,7 @@ def _zero_bytes_floor(n, stage, p):
 
 
 def _zero_bytes_stage_shards_one_more(n, stage, p):  # stage 1 read as "optimizer state and gradients"
-    return nb04.my_zero_bytes(n, min(stage + 1, 3) if stage else 0, p)
+    return nb05.my_zero_bytes(n, min(stage + 1, 3) if stage else 0, p)
 
 
 def _zero_bytes_by_the_calculator(n, stage, p):  # the notebook's widget: it calls sharding.bytes_per_rank
@@ -161,7 +161,7 @@ def _bytes_sent_first_step(n, stage, p):
     return 4 * {0: 2, 1: 1, 2: 1, 3: 3}[stage] * (p - 1) * math.ceil(n / p)  # the all-gather of stages 1, 2 forgotten
 
 
-# wrong answers to notebook 04's exercises, and what the check says (test_solutions.py counts them too)
+# wrong answers to notebook 05's exercises, and what the check says (test_solutions.py counts them too)
 # the first unit checked: 17 numbers, which 2 does not divide
 _ZERO2_UNIT = "world size 2, rank 0, gradients of shapes [(3, 4), (5,)] (17 numbers)"
 SHARDING_NEAR_MISSES = [
@@ -217,7 +217,7 @@ def test_bytes_sent_reference_is_what_sharded_data_parallel_sends(world_size):
         for row in rows:
             n, stage, sent = row["n_params"], row["stage"], row["sent"]
             formula = ex.zero_bytes_sent(n, stage, world_size)
-            assert formula == nb04.my_bytes_sent(n, stage, world_size)
+            assert formula == nb05.my_bytes_sent(n, stage, world_size)
             if stage == 0 and n % world_size:
                 # stage 0 pads nothing: a ring all-reduce of tensor_split's chunks sends every chunk but two
                 # (the next rank's, then the one after), so the exercise asks stage 0 only where p divides n
@@ -230,7 +230,7 @@ def test_bytes_sent_reference_is_what_sharded_data_parallel_sends(world_size):
             assert sent[0] == (formula // 2 if stage in (1, 2) else formula), (rank, n, stage, sent)
 
 
-# --- notebook 09: local SGD, post-local SGD and DiLoCo ---------------------------------------------
+# --- notebook 11: local SGD, post-local SGD and DiLoCo ---------------------------------------------
 
 
 def _deltas(shared, locals_):  # the pseudo-gradient, averaged over the ranks
@@ -244,7 +244,7 @@ def _outer_plain_momentum(shared, locals_, momentum, lr=0.7, mu=0.9):  # nestero
 
 
 def _outer_delta_reversed(shared, locals_, momentum, lr=0.7, mu=0.9):  # Δ = θ_rank − θ_start
-    return nb09.my_outer_step(shared, [[2 * s - x for s, x in zip(shared, rank)] for rank in locals_], momentum, lr, mu)
+    return nb11.my_outer_step(shared, [[2 * s - x for s, x in zip(shared, rank)] for rank in locals_], momentum, lr, mu)
 
 
 def _outer_summed(shared, locals_, momentum, lr=0.7, mu=0.9):  # Δ summed over the ranks, not averaged
@@ -254,11 +254,11 @@ def _outer_summed(shared, locals_, momentum, lr=0.7, mu=0.9):  # Δ summed over 
 
 
 def _outer_buffer_not_carried(shared, locals_, momentum, lr=0.7, mu=0.9):  # every step as if it were the first
-    return nb09.my_outer_step(shared, locals_, None, lr, mu)
+    return nb11.my_outer_step(shared, locals_, None, lr, mu)
 
 
 def _outer_in_place(shared, locals_, momentum, lr=0.7, mu=0.9):  # θ_start updated in place, as an optimizer does
-    new_shared, new_momentum = nb09.my_outer_step(shared, locals_, momentum, lr, mu)
+    new_shared, new_momentum = nb11.my_outer_step(shared, locals_, momentum, lr, mu)
     for s, n in zip(shared, new_shared):
         s.copy_(n)
     return shared, new_momentum
@@ -271,18 +271,18 @@ def _outer_buffer_in_place(shared, locals_, momentum, lr=0.7, mu=0.9):  # torch'
 
 
 def _outer_mu_fixed(shared, locals_, momentum, lr=0.7, mu=0.9):  # the paper's 0.9 whatever mu is given
-    return nb09.my_outer_step(shared, locals_, momentum, lr, 0.9)
+    return nb11.my_outer_step(shared, locals_, momentum, lr, 0.9)
 
 
 def _outer_new_locals(shared, locals_, momentum, lr=0.7, mu=0.9):  # each rank's list reset to θ_start, in place
-    out = nb09.my_outer_step(shared, locals_, momentum, lr, mu)
+    out = nb11.my_outer_step(shared, locals_, momentum, lr, mu)
     for rank in locals_:
         rank[:] = [s.clone() for s in shared]
     return out
 
 
 def _outer_update_as_buffer(shared, locals_, momentum, lr=0.7, mu=0.9):  # the look-ahead kept as the buffer
-    new_shared, new_momentum = nb09.my_outer_step(shared, locals_, momentum, lr, mu)
+    new_shared, new_momentum = nb11.my_outer_step(shared, locals_, momentum, lr, mu)
     return new_shared, [x + mu * b for x, b in zip(_deltas(shared, locals_), new_momentum)]
 
 
@@ -345,7 +345,7 @@ def _break_even_by_search(c, n, r, p, a, b):  # the course's step time, period b
 
 _OUTER_CASE_0 = "case 0 (2 ranks, shapes [(4, 3), (3,)], lr 0.7, mu 0.9)"
 _TIE = "case 8 (0.5, 1250000000.0, 0.7500076293945312, 2, 1.52587890625e-05, 1.25)"
-# wrong answers to notebook 09's exercises, and what the check says (test_solutions.py counts them too)
+# wrong answers to notebook 11's exercises, and what the check says (test_solutions.py counts them too)
 LOCAL_SGD_NEAR_MISSES = [
     (ex.check_outer_step, _outer_plain_momentum, f"{_OUTER_CASE_0}, outer step 1 of 4: new_shared: item 0: values"),
     (ex.check_outer_step, _outer_delta_reversed, f"{_OUTER_CASE_0}, outer step 1 of 4: new_shared: item 0: values"),
@@ -380,7 +380,7 @@ LOCAL_SGD_NEAR_MISSES = [
 ]
 
 
-def _refused_by_notebook_09():
+def _refused_by_notebook_11():
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)  # torch wraps SGD.step once, at the first SGD
     return (torch.optim.SGD, torch.optim.SGD.step, torch.optim.Optimizer.step, local_sgd.DiLoCo,
             local_sgd.DiLoCo.step, costmodel.break_even_period, costmodel.periodic_step_time)
@@ -389,11 +389,11 @@ def _refused_by_notebook_09():
 @pytest.mark.parametrize("check, wrong, says", LOCAL_SGD_NEAR_MISSES,
                          ids=[f"{c.__name__}-{i}" for i, (c, _, _) in enumerate(LOCAL_SGD_NEAR_MISSES)])
 def test_local_sgd_near_misses_fail(check, wrong, says, capsys):
-    before = _refused_by_notebook_09()
+    before = _refused_by_notebook_11()
     assert not check(wrong)
     out = capsys.readouterr().out
     assert "[FAIL]" in out and says in out, out
-    assert _refused_by_notebook_09() == before  # put back, even after a refusal
+    assert _refused_by_notebook_11() == before  # put back, even after a refusal
 
 
 def _outer_another_way(shared, locals_, momentum, lr=0.7, mu=0.9):  # stacked, and in place on copies

@@ -144,15 +144,15 @@ def test_track_error_feedback_against_the_rule_written_out():
 
 
 def test_exercise_checks(capsys):
-    from solutions import nb05
+    from solutions import nb06
 
     # check_stable_orthogonalize's reference is torch's QR; it refuses one pass of Gram-Schmidt (the
     # package's own orthogonalize_) on nearly dependent columns, and accepts a Householder answer
-    assert ex.check_stable_orthogonalize(nb05.my_stable_orthogonalize)
+    assert ex.check_stable_orthogonalize(nb06.my_stable_orthogonalize)
     assert not ex.check_stable_orthogonalize(lambda X: L.orthogonalize_(X.clone()))
     assert "[FAIL]" in capsys.readouterr().out.splitlines()[-1]
     # check_rank1_error's reference runs the iteration; a formula that forgets the first product is by M fails
-    assert ex.check_rank1_error(nb05.my_rank1_error)
+    assert ex.check_rank1_error(nb06.my_rank1_error)
 
     def exponent_2k(s, c, k):
         a = s ** (2 * k) * c

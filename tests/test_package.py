@@ -32,7 +32,7 @@ def _imported(node: ast.AST) -> list[str]:
 
 def test_the_map_is_walked():
     names = set(_modules())
-    assert {"course_lib.launch", "course_lib.powersgd", "course_lib.notebooks.exercises.nb04"} <= names
+    assert {"course_lib.launch", "course_lib.powersgd", "course_lib.notebooks.exercises.nb05"} <= names
     assert len(names) >= 16 and {"course_lib.utils", "course_lib.notebooks"} <= names
 
 

@@ -180,7 +180,7 @@ def test_a_parameter_that_reuses_a_dead_ones_id_gets_a_key_of_its_own():
 
 
 def test_try_training_says_how_torchs_layerwise_hook_ends_with_many_buckets_on_gloo():
-    # what notebook 07 runs: with two buckets (after DDP's rebuild) torch's layer-wise hook issues P and Q
+    # what notebook 08 runs: with two buckets (after DDP's rebuild) torch's layer-wise hook issues P and Q
     # from callbacks that gloo runs when each collective finishes, so the two ranks can pair up different
     # collectives (a gloo abort) or wait on gloo's own threads (a hang). Which, if either, is a race that the
     # machine's load decides (on a busy machine callbacks run at once and it can finish): each outcome is
@@ -363,9 +363,9 @@ def test_a_parameter_with_no_elements_is_sent_as_it_is():
 
 def test_numbers_per_step_and_memory_agree_with_both_hooks_at_every_min_compression_rate():
     """numbers_per_step against what the course's hook sent (hooks.traffic) and what both hooks count
-    (compression_stats), and notebook 06's memory exercise against what both states keep: at rates
+    (compression_stats), and notebook 07's memory exercise against what both states keep: at rates
     where both vectors (6 and 10: compressed below 6/7 and 10/11), one, or none go as n x 1 matrices."""
-    from course_lib.notebooks.exercises import nb06
+    from course_lib.notebooks.exercises import nb07
 
     settings = [(which, r, rate, ef, warm) for which in ("course", "torch") for r in (1, 2)
                 for rate in (0, 0.5, 0.88, 1, 2, 8) for ef, warm in ((True, True), (False, True), (True, False))]
@@ -376,7 +376,7 @@ def test_numbers_per_step_and_memory_agree_with_both_hooks_at_every_min_compress
         assert row["stats"] == (before, after), (which, r, rate)
         if which == "course":
             assert row["sent"] == {"collectives": 2, "bytes": 4 * after}, (r, rate)
-        assert row["memory"] == nb06._memory_per_rank(row["shapes"], r, rate, ef, warm), (which, r, rate, ef, warm)
+        assert row["memory"] == nb07._memory_per_rank(row["shapes"], r, rate, ef, warm), (which, r, rate, ef, warm)
         if which == "torch":  # torch also keeps its P buffers with warm start: n x r per compressed tensor
             matrices = [(s[0], math.prod(s[1:])) for s in row["shapes"]]
             p_numbers = sum(n * min(n, m, r) for n, m in matrices

@@ -12,8 +12,8 @@ from course_lib import costmodel as C
 from course_lib import data_parallel as dp
 from course_lib import lowrank as L
 from course_lib.notebooks import exercises as ex
-from course_lib.notebooks.exercises import nb06 as exercises_nb06
-from solutions import nb00, nb01, nb02, nb03, nb04, nb05, nb06, nb07, nb08, nb09, nb10
+from course_lib.notebooks.exercises import nb07 as exercises_nb07
+from solutions import nb00, nb01, nb02, nb03, nb04, nb05, nb06, nb07, nb08, nb09, nb11, nb12
 from tests import exercise_answers as A
 from tests.test_exercises import LOCAL_SGD_NEAR_MISSES, SHARDING_NEAR_MISSES
 
@@ -24,26 +24,26 @@ ANSWERS = [
     (ex.check_ring_shift, nb02.ring_shift),
     (ex.check_recursive_doubling, nb02.recursive_doubling_all_reduce),
     (ex.check_recursive_halving, nb02.recursive_halving_reduce_scatter),
-    (ex.check_ddp_all_reduces, nb03.my_ddp_all_reduces),
+    (ex.check_ddp_all_reduces, nb04.my_ddp_all_reduces),
     (ex.check_exposed_time, nb03.my_exposed_time),
-    (ex.check_zero2_gradient, nb04.zero2_gradient),
-    (ex.check_bytes_per_rank, nb04.my_zero_bytes),
-    (ex.check_zero3_bytes_sent, nb04.my_bytes_sent),
-    (ex.check_stable_orthogonalize, nb05.my_stable_orthogonalize),
-    (ex.check_rank1_error, nb05.my_rank1_error),
-    (ex.check_smallest_rank, nb05.my_smallest_rank),
-    (ex.check_pq_singular_values, nb05.my_pq_singular_values),
-    (ex.check_mean_and_own_buffer, nb06.my_mean_and_own_buffer),
-    (ex.check_numbers_per_step, nb06.my_numbers_per_step),
-    (ex.check_powersgd_hook, nb07.my_powersgd_hook),
-    (ex.check_memory_per_rank, nb06.my_memory_per_rank),
-    (ex.check_topk_average, nb08.topk_average),
-    (ex.check_stochastic_rounding, nb08.my_stochastic_round),
-    (ex.check_dgc_step, nb08.my_dgc_step),
-    (ex.check_outer_step, nb09.my_outer_step),
-    (ex.check_break_even_period, nb09.my_break_even),
-    (ex.check_break_even_bandwidth, nb10.my_break_even_bandwidth),
-    (ex.check_ring_fit, nb10.my_ring_fit),
+    (ex.check_zero2_gradient, nb05.zero2_gradient),
+    (ex.check_bytes_per_rank, nb05.my_zero_bytes),
+    (ex.check_zero3_bytes_sent, nb05.my_bytes_sent),
+    (ex.check_stable_orthogonalize, nb06.my_stable_orthogonalize),
+    (ex.check_rank1_error, nb06.my_rank1_error),
+    (ex.check_smallest_rank, nb06.my_smallest_rank),
+    (ex.check_pq_singular_values, nb06.my_pq_singular_values),
+    (ex.check_mean_and_own_buffer, nb07.my_mean_and_own_buffer),
+    (ex.check_numbers_per_step, nb07.my_numbers_per_step),
+    (ex.check_powersgd_hook, nb08.my_powersgd_hook),
+    (ex.check_memory_per_rank, nb07.my_memory_per_rank),
+    (ex.check_topk_average, nb09.topk_average),
+    (ex.check_stochastic_rounding, nb09.my_stochastic_round),
+    (ex.check_dgc_step, nb09.my_dgc_step),
+    (ex.check_outer_step, nb11.my_outer_step),
+    (ex.check_break_even_period, nb11.my_break_even),
+    (ex.check_break_even_bandwidth, nb12.my_break_even_bandwidth),
+    (ex.check_ring_fit, nb12.my_ring_fit),
 ]
 
 
@@ -147,7 +147,7 @@ def _round_up_half_the_time(x, levels, u):  # on a neighbouring level, but up wi
 
 
 def _round_without_the_sign(x, levels, u):
-    return nb08.my_stochastic_round(x, levels, u).abs()
+    return nb09.my_stochastic_round(x, levels, u).abs()
 
 
 def _exposed_without_queueing(ready, sizes, cap, p, alpha, busbw):
@@ -206,13 +206,13 @@ def _buffers_compressed_per_worker(grads, compress):
 
 def _buffers_own_for_both(grads, compress):
     """Worker 0's buffer given as the mean too: what the old plot of rank 0's buffer showed."""
-    _, own = exercises_nb06._mean_and_own_buffer(grads, compress)
+    _, own = exercises_nb07._mean_and_own_buffer(grads, compress)
     return own, own
 
 
 def _buffers_last_step_only(grads, compress):
     """The buffers of the last step alone, as if nothing were carried over."""
-    return exercises_nb06._mean_and_own_buffer(grads[-1:], compress)
+    return exercises_nb07._mean_and_own_buffer(grads[-1:], compress)
 
 
 def _numbers_per_step_vectors_never_compressed(shapes, r, rate):
@@ -242,7 +242,7 @@ def _memory_p_and_q(shapes, r, rate, use_error_feedback, warm_start):
 
 
 def _memory_vectors_never_compressed(shapes, r, rate, use_error_feedback, warm_start):
-    return nb06.my_memory_per_rank([s for s in shapes if len(s) > 1], r, rate, False, warm_start) + (
+    return nb07.my_memory_per_rank([s for s in shapes if len(s) > 1], r, rate, False, warm_start) + (
         sum(math.prod(s) for s in shapes) if use_error_feedback else 0)
 
 
@@ -317,7 +317,7 @@ def test_every_check_refuses_a_near_miss():
 def test_other_stable_orthogonalizations_pass_and_torch_is_given_back(capsys):
     # Gram-Schmidt twice ("twice is enough") and Householder with the other signs are right too
     assert ex.check_stable_orthogonalize(lambda X: L.orthogonalize_(L.orthogonalize_(X.clone())))
-    assert ex.check_stable_orthogonalize(lambda X: -nb05.my_stable_orthogonalize(X))
+    assert ex.check_stable_orthogonalize(lambda X: -nb06.my_stable_orthogonalize(X))
     assert capsys.readouterr().out.count("[PASS]") == 2
     # the refused factorizations are restored afterwards, even after a refusal
     before = (torch.linalg.qr, torch.linalg.svd, torch.Tensor.qr, np.linalg.qr, np.linalg.svd)

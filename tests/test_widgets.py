@@ -136,7 +136,7 @@ def test_compression_slider_moves_the_verdict():
         compression_explorer({"top-k": topk}, world_size=2, alpha_s=1e-4)
 
 
-# The ZeRO memory calculator (notebook 04)
+# The ZeRO memory calculator (notebook 05)
 
 def _calculator(**kwargs):
     from course_lib.notebooks.widgets import memory_calculator
@@ -249,7 +249,7 @@ def test_memory_calculator_rejects_bad_arguments(kwargs, message):
         _calculator(**kwargs)
 
 
-# The period explorer (notebook 09): local SGD all-reduces once every H steps
+# The period explorer (notebook 11): local SGD all-reduces once every H steps
 
 _LOCAL = dict(compute_s=0.02, nbytes=44_000_000, world_size=8, alpha_s=1e-5)
 _DDP = {"compute_s": 0.02, "codec_s": 0.0, "collectives": [("all_reduce", 44_000_000)], "overlap_s": 0.0}

@@ -1,4 +1,4 @@
-"""Notebook 03's programs: torch's DDP in plain sight, ranks under torchrun, groups and timeouts.
+"""Notebook 04's programs: torch's DDP in plain sight, ranks under torchrun, groups and timeouts.
 
 ``ddp_program`` is a complete data-parallel program written only with torch: it joins the group
 itself, wraps the model in ``DistributedDataParallel``, registers a communication hook, trains and

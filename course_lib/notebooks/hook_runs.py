@@ -1,8 +1,8 @@
-"""Notebook 07's runs of a communication hook: how a run ended, and when a step's collectives ran.
+"""Notebook 08's runs of a communication hook: how a run ended, and when a step's collectives ran.
 
 ``try_training`` trains a :class:`~course_lib.train.TrainConfig` in worker processes and says how
 the run ended (an :class:`Outcome`: finished, raised, crashed or hung) instead of raising: what
-notebook 07 needs to show torch's PowerSGD hooks crashing or hanging where the course's do not,
+notebook 08 needs to show torch's PowerSGD hooks crashing or hanging where the course's do not,
 without the notebook hanging with them. ``hook_timeline`` trains with several hooks in turn and
 notes, step by step, when each gradient was ready and when each collective ran, on which thread.
 Neither is the training loop: that is :func:`course_lib.train.ddp_train`, which both start.

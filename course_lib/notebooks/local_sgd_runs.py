@@ -1,4 +1,4 @@
-"""Notebook 09's runs: the workers that train the digits MLP communicating less often, and what
+"""Notebook 11's runs: the workers that train the digits MLP communicating less often, and what
 each measures.
 
 Each function is one experiment of the notebook, run in every worker by ``launch.spawn``. The

@@ -1,4 +1,4 @@
-"""Notebook 04's runs: the workers that train the digits MLP sharded, and what each measures.
+"""Notebook 05's runs: the workers that train the digits MLP sharded, and what each measures.
 
 Each function is one experiment of the notebook, run in every worker by ``launch.spawn``; each
 returns plain numbers (rank 0's are the ones shown) so that a cell reads like the idea it teaches.

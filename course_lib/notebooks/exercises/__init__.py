@@ -1,5 +1,5 @@
 """Every exercise of the course, checked against the course's reference, with a clear verdict: one
-module per notebook (``nb00`` to ``nb10``, as ``solutions/``), sharing ``core``.
+module per notebook (``nb00`` to ``nb12``, as ``solutions/``), sharing ``core``.
 
 One pattern in every notebook: write ``my_thing``, then run ``exercises.check_thing(my_thing)``.
 Each ``check_*`` below holds the exercise's inputs and its reference answer (the course's own
@@ -30,8 +30,9 @@ from course_lib.notebooks.exercises.nb02 import (
     halving_inputs,
     ring_shift_expected,
 )
-from course_lib.notebooks.exercises.nb03 import check_ddp_all_reduces, check_exposed_time, ddp_all_reduces, exposed_time
-from course_lib.notebooks.exercises.nb04 import (
+from course_lib.notebooks.exercises.nb03 import check_exposed_time, exposed_time
+from course_lib.notebooks.exercises.nb04 import check_ddp_all_reduces, ddp_all_reduces
+from course_lib.notebooks.exercises.nb05 import (
     ZERO2_RULES,
     ZERO2_SHAPES,
     all_but_own_padded_chunk,
@@ -42,29 +43,29 @@ from course_lib.notebooks.exercises.nb04 import (
     zero2_inputs,
     zero_bytes_sent,
 )
-from course_lib.notebooks.exercises.nb05 import (
+from course_lib.notebooks.exercises.nb06 import (
     check_pq_singular_values,
     check_rank1_error,
     check_smallest_rank,
     check_stable_orthogonalize,
 )
-from course_lib.notebooks.exercises.nb06 import check_mean_and_own_buffer, check_memory_per_rank, check_numbers_per_step
-from course_lib.notebooks.exercises.nb07 import PowerSGDHookState, check_powersgd_hook
-from course_lib.notebooks.exercises.nb08 import (
+from course_lib.notebooks.exercises.nb07 import check_mean_and_own_buffer, check_memory_per_rank, check_numbers_per_step
+from course_lib.notebooks.exercises.nb08 import PowerSGDHookState, check_powersgd_hook
+from course_lib.notebooks.exercises.nb09 import (
     check_dgc_step,
     check_stochastic_rounding,
     check_topk_average,
     topk_average_expected,
     topk_inputs,
 )
-from course_lib.notebooks.exercises.nb09 import (
+from course_lib.notebooks.exercises.nb11 import (
     BREAK_EVEN_PERIOD_CASES,
     OUTER_STEP_CASES,
     check_break_even_period,
     check_outer_step,
     outer_step_rounds,
 )
-from course_lib.notebooks.exercises.nb10 import check_break_even_bandwidth, check_ring_fit
+from course_lib.notebooks.exercises.nb12 import check_break_even_bandwidth, check_ring_fit
 
 __all__ = [
     "NotAllowed",

@@ -1,165 +1,159 @@
-"""Notebook 05's exercises (power iteration): each ``check_*`` holds the inputs and the reference answer."""
+"""Notebook 05's exercises (sharded data parallelism (ZeRO, FSDP)): each ``check_*`` holds the
+inputs and the reference answer."""
 
 from __future__ import annotations
 
+import functools
 import math
 
-import numpy as np
 import torch
+import torch.distributed as dist
 
 from course_lib import (
-    lowrank,
+    sharding,
 )
-from course_lib.notebooks.exercises.core import _name, _refusing, _scipy_linalg, _short, check
+from course_lib.notebooks.exercises.core import Rules, _name, _refusing, _run_both, _run_student, check, compare
+
+# Each world size's units: the shapes of one unit's gradients (a weight and a bias), whose length p
+# does not divide, does, and is shorter than p (some ranks' slices padding alone).
+ZERO2_SHAPES = {2: ([(3, 4), (5,)], [(2, 2), (4,)], [(1,)]),
+                3: ([(3, 4), (2,)], [(3, 3), (3,)], [(2,)])}
 
 
-def _nearly_dependent(n: int, r: int, condition: float, seed: int) -> torch.Tensor:
-    """An (n, r) float64 matrix whose singular values fall from 1 to 1/condition: nearly dependent
-    columns, as the products of power iteration become without orthogonalization (notebook 05)."""
-    g = torch.Generator().manual_seed(seed)
-    U = torch.linalg.qr(torch.randn(n, r, generator=g, dtype=torch.float64)).Q
-    V = torch.linalg.qr(torch.randn(r, r, generator=g, dtype=torch.float64)).Q
-    s = torch.logspace(0, -math.log10(condition), r, dtype=torch.float64)
-    return U @ torch.diag(s) @ V.T
+def zero2_inputs(rank: int, world_size: int, shapes):
+    """Each rank's input for notebook 05's ZeRO-2 exercise: its own gradients of one unit, of ``shapes``."""
+    n = sum(math.prod(shape) for shape in shapes)
+    g = torch.Generator().manual_seed(400 + 10 * n + rank)
+    return ([torch.randn(shape, generator=g) for shape in shapes],)
 
 
-# torch's, numpy's and scipy's factorizations, each of which hands over an orthonormal basis (or, for
-# Cholesky, the triangle that gives one): what the exercise asks to write
-_FACTORIZATIONS = [(torch.linalg, "qr"), (torch.linalg, "svd"), (torch.linalg, "eigh"), (torch.linalg, "eig"),
-                   (torch.linalg, "householder_product"), (torch.linalg, "pinv"), (torch, "qr"), (torch, "svd"),
-                   (torch, "geqrf"), (torch, "orgqr"), (torch, "svd_lowrank"), (torch, "pca_lowrank"),
-                   (torch.Tensor, "qr"), (torch.Tensor, "svd"), (torch.Tensor, "geqrf"), (torch.Tensor, "orgqr"),
-                   (np.linalg, "qr"), (np.linalg, "svd"), (np.linalg, "eig"), (np.linalg, "eigh"),
-                   (np.linalg, "cholesky")]
-if _scipy_linalg is not None:
-    _FACTORIZATIONS += [(_scipy_linalg, name) for name in ("qr", "svd", "eig", "eigh", "cholesky", "orth", "polar",
-                                                           "qr_multiply", "rq", "null_space")]
+def zero2_gradient_expected(grads, group=None) -> torch.Tensor:
+    """The reference, another way than a reduce-scatter: the unit's gradients flattened in order into
+    one vector, padded with zeros to p·c numbers (c = ceil(n / p)), torch's all-reduce of the whole
+    vector, divided by p, then numbers [rank·c, (rank + 1)·c), cloned."""
+    rank, p = dist.get_rank(group), dist.get_world_size(group)
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    c = -(-flat.numel() // p)
+    padded = flat.new_zeros(p * c)
+    padded[: flat.numel()] = flat
+    dist.all_reduce(padded, group=group)
+    return (padded / p)[rank * c:(rank + 1) * c].clone()
 
 
-def _without_factorizations(student_fn):
-    return _refusing(student_fn, _FACTORIZATIONS,
-                     "does the work this exercise asks for: write it with products, norms and sums")
+def all_but_own_padded_chunk(input_numbers: int, rank: int, world_size: int) -> int:
+    """How many numbers a reduce-scatter of a vector padded to a multiple of p sends: every chunk of
+    c = ceil(n / p) numbers but one's own, (p − 1)·c."""
+    return (world_size - 1) * -(-input_numbers // world_size)
 
 
-def _basis_view(X: torch.Tensor, P) -> dict:
-    """What every right answer shares, whatever its signs or its choice of basis: the shape and dtype,
-    orthonormal columns to 1e-12, and the columns of X inside their span to 1e-12 of ‖X‖."""
-    if not isinstance(P, torch.Tensor):
-        raise TypeError(f"return P, a tensor; got {_short(P)}")
-    view = {"shape and dtype": f"{tuple(P.shape)} {P.dtype}", "‖PᵀP − I‖ ≤ 1e-12": False,
-            "‖X − P PᵀX‖ ≤ 1e-12 ‖X‖": False}
-    if P.shape == X.shape and P.dtype == X.dtype and bool(torch.isfinite(P).all()):
-        eye = torch.eye(P.shape[1], dtype=P.dtype)
-        view["‖PᵀP − I‖ ≤ 1e-12"] = torch.linalg.matrix_norm(P.T @ P - eye).item() <= 1e-12
-        view["‖X − P PᵀX‖ ≤ 1e-12 ‖X‖"] = (torch.linalg.matrix_norm(X - P @ (P.T @ X))
-                                            <= 1e-12 * torch.linalg.matrix_norm(X)).item()
-    return view
+# The ZeRO-2 exercise's rules: every all-reduce refused, and a reduce-scatter's bytes, no more.
+ZERO2_RULES = Rules(
+    refused=("dist.all_reduce", "collectives.ring_all_reduce", "collectives.naive_all_reduce",
+             "collectives.reduce_scatter"),  # the last: notebook 02's reference, an all-reduce inside
+    sent_numbers=all_but_own_padded_chunk,
+    why="ZeRO-2 reduce-scatters the gradient padded to a multiple of p: each rank sends every chunk but its own "
+        "once, (p − 1)·c numbers, half of what an all-reduce sends (the whole average on every rank, of which "
+        "ZeRO-2 keeps 1/p). Build it on collectives.ring_reduce_scatter")
 
 
-def check_stable_orthogonalize(student_fn) -> bool:
-    """``student_fn(X)`` returns P (n x r, X's dtype): orthonormal columns spanning those of X, to
-    1e-12 in float64, even when X's columns are nearly dependent (condition numbers 1e8 and 1e10,
-    where one pass of Gram-Schmidt leaves PᵀP 1e-9 to 1e-6 from the identity). torch's factorizations
-    (qr, svd, eigh, ...) are refused while it runs."""
-    g = torch.Generator().manual_seed(0)
-    cases = [(torch.randn(20, 3, generator=g, dtype=torch.float64),),
-             (torch.randn(50, 6, generator=g, dtype=torch.float64),),
-             (_nearly_dependent(60, 6, 1e10, seed=1),),
-             (_nearly_dependent(8, 8, 1e8, seed=2),)]
-    return check(lambda X: _basis_view(X, _without_factorizations(student_fn)(X.clone())),  # X itself kept
-                 lambda X: _basis_view(X, torch.linalg.qr(X).Q), cases,
-                 name=_name(student_fn, "stable_orthogonalize"))
-
-
-def _rank1_error_measured(s: torch.Tensor, c: torch.Tensor, k: int) -> float:
-    """The reference, another way than a formula: build M = U diag(s) Vᵀ with random orthonormal U
-    and V, start from q = V c, run k steps of ``lowrank.power_iteration`` and measure the error."""
-    g = torch.Generator().manual_seed(7)
-    n = len(s)
-    U = torch.linalg.qr(torch.randn(n + 3, n, generator=g, dtype=torch.float64)).Q
-    V = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=torch.float64)).Q
-    M = U @ torch.diag(s.double()) @ V.T
-    P, Q = lowrank.power_iteration(M, 1, k, q=(V @ c.double()).unsqueeze(1))
-    return lowrank.relative_error(M, P, Q)
-
-
-def check_rank1_error(student_fn) -> bool:
-    """``student_fn(s, c, k)``: the relative error ‖M − P Qᵀ‖ / ‖M‖ of k rank-1 power steps, from M's
-    singular values ``s`` (descending), the start's coordinates ``c`` on M's right singular vectors
-    (q = Σ cᵢ vᵢ) and k, compared with k steps run on a matrix with those singular values."""
-    t = lambda *v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
-    decay = 0.8 ** torch.arange(12, dtype=torch.float64)
-    c = torch.randn(12, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
-    cases = [(t(3.0, 2.0, 1.0, 0.5), t(1.0, 1.0, 1.0, 1.0), 1),
-             (t(3.0, 2.0, 1.0, 0.5), t(1.0, 1.0, 1.0, 1.0), 2),
-             (t(3.0, 2.0, 1.0, 0.5), t(0.1, 1.0, 1.0, 1.0), 3),
-             (decay, c, 1), (decay, c, 4), (decay, c, 12),
-             (t(2.0, 1.5, 1.0), t(0.0, 1.0, 1.0), 5)]  # a start with nothing along v₁ never finds it
-    return check(student_fn, _rank1_error_measured, cases, name=_name(student_fn, "rank1_error"),
-                 rtol=1e-6, atol=1e-9)
-
-
-def _smallest_rank(M: torch.Tensor, max_error: float) -> int:
-    return next(r for r in range(1, min(M.shape) + 1) if lowrank.svd_error(M, r) <= max_error)
-
-
-def check_smallest_rank(student_fn) -> bool:
-    """``student_fn(M, max_error)``: the smallest rank r whose *best* rank-r approximation has relative
-    error at most ``max_error``, from M's singular values. ``lowrank.svd_error`` (the notebook calls
-    it rank by rank) and ``lowrank.relative_error`` are refused while it runs."""
-    g = torch.Generator().manual_seed(3)
-    u, v = torch.linalg.qr(torch.randn(40, 40, generator=g, dtype=torch.float64))[0], \
-        torch.linalg.qr(torch.randn(30, 30, generator=g, dtype=torch.float64))[0]
-    s = torch.tensor([2.0 ** -i for i in range(30)], dtype=torch.float64)
-    decaying = u[:, :30] @ torch.diag(s) @ v.T
-    flat = torch.randn(40, 30, generator=g, dtype=torch.float64)
-    # singular values 2^-i: the best rank-r error is 2^-r, almost exactly, so no bound sits on one of them
-    cases = [(decaying, 0.45), (decaying, 0.1), (decaying, 1.5e-3), (flat, 0.5), (flat, 0.9)]
-    student = _refusing(student_fn, [(lowrank, "svd_error"), (lowrank, "relative_error")],
-                        "is refused here: compute the error from the singular values (Eckart-Young)")
-    return check(student, _smallest_rank, cases, name=_name(student_fn, "smallest_rank"))
-
-
-def _larger_than_rank(r: int):
-    """Whether a factorization's arguments include a matrix with both sides larger than ``r``."""
-    def large(*args, **kwargs):
-        return any(hasattr(a, "shape") and len(a.shape) >= 2 and min(a.shape[-2:]) > r
-                   for a in (*args, *kwargs.values()))
-    return large
-
-
-# every routine that hands over singular values or eigenvalues
-_SPECTRA = [(torch.linalg, n) for n in ("svd", "svdvals", "eig", "eigvals", "eigh", "eigvalsh", "matrix_norm", "norm",
-                                        "cond", "matrix_rank", "pinv")] + \
-    [(torch, n) for n in ("svd", "svd_lowrank", "pca_lowrank", "lobpcg")] + [(torch.Tensor, "svd")] + \
-    [(np.linalg, n) for n in ("svd", "eig", "eigvals", "eigh", "eigvalsh", "norm", "cond", "matrix_rank", "pinv")] + \
-    ([(_scipy_linalg, n) for n in ("svd", "svdvals", "eig", "eigvals", "eigh", "eigvalsh", "norm")]
-     if _scipy_linalg is not None else [])
-
-
-def _pq_singular_values(P: torch.Tensor, Q: torch.Tensor) -> torch.Tensor:
-    """The reference, the long way: the singular values of the n x m product itself, its top r."""
-    return torch.linalg.svdvals(P @ Q.mT)[: P.shape[1]]
-
-
-def check_pq_singular_values(student_fn) -> bool:
-    """``student_fn(P, Q)``: the r singular values of ``P Qᵀ`` (descending, a float64 tensor), for P
-    with orthonormal columns as power iteration returns it, without factorizing any matrix whose
-    two sides both exceed r (no SVD of the n x m product): those calls are refused while it runs.
-    Cases after 1 and 2 iterations, where Q's columns are not yet orthogonal."""
-    g = torch.Generator().manual_seed(5)
+def _zero2_worker(rank: int, world_size: int, student_fn) -> list:
+    """The reference and the student's function (under :data:`ZERO2_RULES`) on each unit, and the bytes
+    of the storage behind what the student's returned (measured here: a view sent between processes
+    need not keep its storage)."""
+    name = getattr(student_fn, "__name__", "zero2_gradient")
     cases = []
-    for n, m, r, k in ((30, 20, 1, 1), (30, 20, 2, 1), (40, 25, 3, 2), (25, 40, 4, 1), (50, 50, 3, 1)):
-        U = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=torch.float64)).Q
-        V = torch.linalg.qr(torch.randn(m, m, generator=g, dtype=torch.float64)).Q
-        s = 0.7 ** torch.arange(min(n, m), dtype=torch.float64)
-        M = U[:, : len(s)] @ torch.diag(s) @ V[:, : len(s)].T
-        cases.append(tuple(lowrank.power_iteration(M, r, k, generator=g)))
-    large = {r: _larger_than_rank(r) for r in range(1, 5)}
+    for shapes in ZERO2_SHAPES[world_size]:
+        args, expected, got, used = _run_both(rank, world_size, student_fn, zero2_gradient_expected,
+                                              functools.partial(zero2_inputs, shapes=shapes), ZERO2_RULES, name)
+        used["storage_bytes"] = got.untyped_storage().nbytes() if torch.is_tensor(got) else None
+        cases.append((args, expected, got, used))
+    return cases
 
-    def student(P, Q):
-        return _refusing(student_fn, _SPECTRA, f"is refused on a matrix larger than r x r here: P Qᵀ is "
-                         f"{P.shape[0]} x {Q.shape[0]}, and the point is not to factorize it",
-                         allowed=lambda *a, **kw: not large[P.shape[1]](*a, **kw))(P, Q)
-    return check(student, _pq_singular_values, cases, name=_name(student_fn, "pq_singular_values"),
-                 rtol=1e-9, atol=1e-12)
+
+def check_zero2_gradient(student_fn) -> bool:
+    """``student_fn(grads, group=None)`` in a ``.py`` file: given this rank's gradients of one unit (a
+    list of tensors of any shapes), this rank's slice of the unit's gradient averaged over the ranks,
+    as sharded data parallelism keeps it: the tensors flattened in order into one vector of n numbers,
+    padded with zeros to p·c numbers (c = ceil(n / p)), numbers [rank·c, (rank + 1)·c) of the average,
+    a tensor of c numbers with a storage of its own (not a view into a whole-size buffer), reduce-
+    scattered. Checked on 2 and 3 gloo ranks, units whose length p does not divide, does, and shorter
+    than p, against torch's all-reduce of the padded vector then the slice. Every all-reduce is refused
+    while it runs (``dist.all_reduce``, ``collectives.ring_all_reduce``, ``naive_all_reduce`` and
+    notebook 02's ``collectives.reduce_scatter``), and each rank must send what a reduce-scatter of the
+    padded vector sends: every chunk but its own, once, (p − 1)·c numbers."""
+    name = _name(student_fn, "zero2_gradient", in_processes=True)
+    for world_size in ZERO2_SHAPES:
+        results = _run_student(_zero2_worker, world_size, student_fn, name)
+        if results is None:
+            return False
+        for rank, cases in enumerate(results):
+            for args, expected, got, used in cases:
+                shapes = [tuple(g.shape) for g in args[0]]
+                n = sum(g.numel() for g in args[0])
+                c = expected.numel()
+                where = (f"[FAIL] {name}, world size {world_size}, rank {rank}, gradients of shapes {shapes} "
+                         f"({n} numbers)")
+                if torch.is_tensor(got) and got.numel() != c:
+                    print(f"{where}: returned {got.numel()} numbers; return c = ceil({n}/{world_size}) = {c} "
+                          f"numbers, this rank's slice of the flat gradient padded with zeros to a multiple of p "
+                          f"({world_size * c} numbers): ZeRO-2 keeps 1/p of the gradient")
+                    return False
+                why = compare(expected, got)
+                if not why and used["storage_bytes"] > got.numel() * got.element_size():
+                    why = (f"the slice is a view that keeps the whole padded gradient alive (a storage of "
+                           f"{used['storage_bytes']} bytes behind {c} numbers); copy it (`.clone()`) or divide into "
+                           f"a new tensor: ZeRO-2 keeps 1/p of the gradient")
+                why = why or ZERO2_RULES.broken(used, world_size)
+                if why:
+                    print(f"{where}: {why}")
+                    return False
+    print(f"[PASS] {name}: this rank's slice of the averaged gradient, padded to a multiple of p, in a tensor of "
+          f"its own, on world sizes {', '.join(map(str, ZERO2_SHAPES))} (units whose length p does not divide, "
+          f"does, and shorter than p), sending (p − 1)/p of the padded gradient: half an all-reduce.")
+    return True
+
+
+def _zero_bytes(n_params: int, stage: int, world_size: int) -> int:
+    """The package's own arithmetic: ``sharding.bytes_per_rank`` for Adam in mixed precision."""
+    return sharding.bytes_per_rank(n_params, stage, world_size, "adam", "mixed")["total"]
+
+
+def check_bytes_per_rank(student_fn) -> bool:
+    """``student_fn(n_params, stage, world_size)``: the bytes one rank holds of parameters, gradients and
+    optimizer state under ZeRO ``stage`` (0: plain data parallelism) for Adam in mixed precision, as the
+    ZeRO paper counts them: 2 + 2 + 12 bytes per parameter; stage 1 shards the 12, stage 2 the gradients'
+    2 too, stage 3 all 16; a sharded category holds ceil(n_params / world_size) numbers. Compared exactly
+    with ``sharding.bytes_per_rank(..., "adam", "mixed")["total"]``, which is refused while it runs."""
+    cases = [(7_500_000_000, stage, 64) for stage in range(4)]  # the paper's Figure 1
+    cases += [(1_000_003, stage, 8) for stage in range(4)] + [(10, stage, 4) for stage in range(4)]
+    cases += [(1000, 3, 1), (1000, 0, 1), (3, 3, 8), (3, 2, 8), (12, 1, 3), (7, 0, 5)]
+    student = _refusing(student_fn, [(sharding, "bytes_per_rank")],
+                        "is refused here: count the bytes yourself, 2 + 2 + 12 per parameter and what each stage "
+                        "shards")
+    return check(student, _zero_bytes, cases, name=_name(student_fn, "zero_bytes"), rtol=0, atol=0)
+
+
+def zero_bytes_sent(n_params: int, stage: int, world_size: int) -> int:
+    """Bytes one rank sends per training step under :class:`sharding.ShardedDataParallel` with the course's
+    ring collectives: fp32, one unit of ``n_params`` numbers padded to a multiple of p, so every ring step
+    sends a chunk of ceil(n_params / p) numbers. Stage 0 all-reduces the gradient (2 (p − 1) chunks);
+    stages 1 and 2 reduce-scatter it and all-gather the updated parameters (p − 1 chunks each); stage 3
+    all-gathers the parameters before forward and again before backward, and reduce-scatters the
+    gradient: 3 (p − 1) chunks. (Stages 1 and 2 all-gather at the next forward, after the optimizer has
+    changed the shard: a first step sends the reduce-scatter alone.) Stage 0 pads nothing: where p does
+    not divide n_params its chunks are tensor_split's, and what a rank sends depends on its rank, so
+    the exercise asks stage 0 only where p divides n_params. Checked against the bytes
+    ``ShardedDataParallel`` sends (``collectives.sent``) in tests/test_exercises.py."""
+    ring_halves = 3 if stage == 3 else 2  # an all-reduce is a reduce-scatter and an all-gather
+    return 4 * ring_halves * (world_size - 1) * math.ceil(n_params / world_size)
+
+
+def check_zero3_bytes_sent(student_fn) -> bool:
+    """``student_fn(n_params, stage, world_size)``: the bytes one rank sends per training step under ZeRO
+    ``stage`` with the course's ring collectives, fp32, one unit padded to a multiple of the world size
+    (see :func:`zero_bytes_sent`; stage 0, which pads nothing, only where p divides n_params); compared exactly."""
+    cases = [(7_500_000_000, stage, 64) for stage in range(4)]
+    cases += [(24, 0, 2)] + [(23, stage, 2) for stage in (1, 2, 3)]  # stage 0 only where p divides n_params
+    cases += [(12, 0, 4)] + [(10, stage, 4) for stage in (1, 2, 3)]
+    cases += [(1_000_003, 3, 8), (1_000_003, 1, 8), (3, 3, 8), (8, 0, 8), (12, 2, 3), (1000, 3, 1), (1000, 0, 1)]
+    return check(student_fn, zero_bytes_sent, cases, name=_name(student_fn, "bytes_sent"), rtol=0, atol=0)

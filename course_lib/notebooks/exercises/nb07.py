@@ -1,107 +1,85 @@
-"""Notebook 07's exercises (PowerSGD in practice): each ``check_*`` holds the inputs and the reference answer."""
+"""Notebook 07's exercises (PowerSGD): each ``check_*`` holds the inputs and the reference answer."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
 
-import numpy as np
 import torch
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib import (
-    hooks,
+    lowrank,
+    memory,
     powersgd,
 )
-from course_lib.notebooks.exercises.core import _name, _run_student, compare
-from course_lib.utils.digits import batch_slice, digits_tensors, mlp
+from course_lib.notebooks.exercises.core import _name, check
 
 
-class PowerSGDHookState:
-    """What the PowerSGD-hook exercise hands the student's hook.
-
-    ``matrix_approximation_rank`` (r), two dicts for the memory, keyed as the student likes
-    (``error_dict``: error feedback; ``q_memory_dict``: last step's Q's, for warm start), and
-    :meth:`fresh_qs`, which draws the first Q's of a bucket as ``powersgd.powerSGD_hook`` draws them
-    (one seed per bucket from a generator seeded alike on every rank), so that the two hooks can be
-    compared number for number.
-    """
-
-    def __init__(self, matrix_approximation_rank: int = 2, random_seed: int = 0):
-        self.matrix_approximation_rank = matrix_approximation_rank
-        self.error_dict: dict = {}
-        self.q_memory_dict: dict = {}
-        self.rng = np.random.RandomState(random_seed)
-
-    def fresh_qs(self, shapes, dtype=torch.float32) -> list[torch.Tensor]:
-        """One Gaussian Q per shape (``(m, r)`` for an n x m matrix), for the matrices of one bucket,
-        in the order of ``bucket.gradients()``: call it once per bucket, at its first compressed step."""
-        return powersgd._fresh_q(self, [tuple(shape) for shape in shapes], dtype, "cpu")
+def _rank1(X):  # a deterministic rank-1 compressor: two power steps from a fixed seed
+    P, Q = lowrank.power_iteration(X, 1, 2, generator=torch.Generator().manual_seed(0))
+    return P @ Q.T
 
 
-@dataclass
-class _HookRun:  # the student's hook, its state, and the step DDP is at (plain all-reduce before start)
-    hook: object
-    state: PowerSGDHookState
-    start: int
-    step: int = 0
+def _mean_and_own_buffer(grads, compress):
+    """The reference: every worker's buffer kept by the package's ``memory.ErrorFeedback`` as the hook keeps
+    it (what it put in, its gradient plus its buffer, minus the compression of the average of what all
+    put in), from zero; then the mean of the buffers and worker 0's own."""
+    memories = [memory.ErrorFeedback() for _ in grads[0]]
+    for step in grads:
+        corrected = [m.compensate("g", g) for m, g in zip(memories, step)]
+        update = compress(sum(corrected) / len(corrected))
+        for m, c in zip(memories, corrected):
+            m.update("g", c, update)
+    errors = [m.memory["g"].view_as(grads[0][0]) for m in memories]
+    return sum(errors) / len(errors), errors[0]
 
 
-def _student_after_start(run: _HookRun, bucket):
-    if run.step < run.start:
-        return hooks.allreduce_fut(None, bucket.buffer())
-    return run.hook(run.state, bucket)
+def check_mean_and_own_buffer(student_fn) -> bool:
+    """``student_fn(grads, compress)``: ``grads[t][i]`` is worker i's gradient at compressed step t;
+    returns ``(mean of the workers' error buffers, worker 0's buffer)`` after the last step."""
+    def case(workers, steps, seed):
+        g = torch.Generator().manual_seed(seed)
+        shared = torch.randn(6, 5, generator=g)  # the workers' gradients share a part, as real ones do
+        return [[shared + 0.5 * torch.randn(6, 5, generator=g) for _ in range(workers)] for _ in range(steps)], _rank1
+
+    cases = [case(2, 1, 0), case(2, 3, 1), case(3, 4, 2), case(4, 5, 3)]
+    return check(student_fn, _mean_and_own_buffer, cases, name=_name(student_fn, "mean_and_own_buffer"))
 
 
-_HOOK_EXERCISE = dict(hidden=32, bucket_cap_mb=0.004, rank=2, start=2, steps=6, lr=0.2, batch_size=64)
+def _numbers_per_step(shapes, r: int, min_compression_rate: float) -> int:
+    return powersgd.numbers_per_step(shapes, r, min_compression_rate)[1]
 
 
-def _hook_exercise_worker(rank: int, world_size: int, student_hook) -> dict:
-    """Train the same model twice, under the course's ``powerSGD_hook`` and under the student's;
-    the parameters after each step, both ways."""
-    c = _HOOK_EXERCISE
-    x, y, _, _ = digits_tensors(seed=0)
-    out = {}
-    for who in ("reference", "student"):
-        model = DDP(mlp(hidden=c["hidden"], seed=0), bucket_cap_mb=c["bucket_cap_mb"])
-        if who == "reference":
-            state = powersgd.PowerSGDState(matrix_approximation_rank=c["rank"], start_powerSGD_iter=c["start"])
-            model.register_comm_hook(state, powersgd.powerSGD_hook)
-        else:
-            run = _HookRun(student_hook, PowerSGDHookState(c["rank"]), c["start"])
-            model.register_comm_hook(run, _student_after_start)
-        opt = torch.optim.SGD(model.parameters(), lr=c["lr"])
-        params = []
-        for step in range(c["steps"]):
-            if who == "student":
-                run.step = step
-            idx = batch_slice(step, c["batch_size"], len(x), rank, world_size)
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
-            opt.step()
-            params.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
-        out[who] = params
-    return out
+def check_numbers_per_step(student_fn) -> bool:
+    """``student_fn(shapes, r, min_compression_rate)``: the numbers PowerSGD sends per compressed step
+    for parameters of these shapes, each viewed as rows x everything else (a vector as n x 1), as
+    the hooks send them."""
+    mlp512 = [(512, 64), (512,), (512, 512), (512,), (10, 512), (10,)]
+    conv = [(16, 3, 3, 3), (16,), (10, 64), (10,)]
+    cases = [(mlp512, 2, 2), (mlp512, 1, 2), (mlp512, 64, 2), (conv, 1, 2), ([(4, 4)], 1, 1),
+             (mlp512, 2, 0), (conv, 4, 0.5), (conv, 2, 0.92)]  # below 1, vectors go as n x 1 matrices
+    return check(student_fn, _numbers_per_step, cases, name=_name(student_fn, "numbers_per_step"))
 
 
-def check_powersgd_hook(student_fn) -> bool:
-    """``student_fn(state, bucket)``: a DDP communication hook doing PowerSGD with error feedback
-    and warm start (``state`` is a :class:`PowerSGDHookState`). It trains an MLP on 2 gloo ranks
-    (two buckets, rank 2, plain all-reduce for steps 0 and 1, then 4 compressed steps) and must
-    leave the parameters of ``powersgd.powerSGD_hook`` after every step, to 1e-4 relative."""
-    name = _name(student_fn, "my_powersgd_hook", in_processes=True)
-    c, world_size = _HOOK_EXERCISE, 2
-    results = _run_student(_hook_exercise_worker, world_size, student_fn, name)
-    if results is None:
-        return False
-    for rank, out in enumerate(results):
-        for step, (expected, got) in enumerate(zip(out["reference"], out["student"])):
-            why = compare(expected, got, rtol=1e-4, atol=1e-6)
-            if why:
-                kind = "a plain all-reduce step" if step < c["start"] else f"compressed step {step - c['start'] + 1}"
-                print(f"[FAIL] {name}, rank {rank}: the parameters after step {step} ({kind}) differ from "
-                      f"powersgd.powerSGD_hook's: {why}")
-                return False
-    print(f"[PASS] {name}: the same parameters as powersgd.powerSGD_hook after each of {c['steps']} steps "
-          f"({c['steps'] - c['start']} compressed) on {world_size} ranks.")
-    return True
+def _memory_per_rank(shapes, r: int, min_compression_rate: float, use_error_feedback: bool, warm_start: bool) -> int:
+    """The reference: an error as large as the gradient (every parameter, compressed or not), and a
+    Q (columns x rank) for each tensor that is compressed."""
+    total = sum(math.prod(s) for s in shapes) if use_error_feedback else 0
+    for shape in shapes:
+        numel = math.prod(shape)
+        if warm_start and len(shape) > 0 and numel > 0:
+            n, m = shape[0], numel // shape[0]
+            rank = min(n, m, r)
+            if powersgd.should_compress(n, m, rank, min_compression_rate)[0]:
+                total += m * rank
+    return total
+
+
+def check_memory_per_rank(student_fn) -> bool:
+    """``student_fn(shapes, r, min_compression_rate, use_error_feedback, warm_start)``: how many numbers
+    PowerSGD keeps on each rank from one compressed step to the next."""
+    mlp512 = [(512, 64), (512,), (512, 512), (512,), (10, 512), (10,)]
+    conv = [(16, 3, 3, 3), (16,), (10, 64), (10,)]
+    cases = [(mlp512, 2, 2, True, True), (mlp512, 4, 2, True, False), (mlp512, 1, 2, False, True),
+             (conv, 2, 2, True, True), (conv, 8, 2, False, True), (mlp512, 2, 0, False, True),
+             (mlp512, 2, 2, False, False)]
+    return check(student_fn, _memory_per_rank, cases, name=_name(student_fn, "memory_per_rank"))

@@ -1,125 +1,107 @@
-"""Notebook 08's exercises (compression): each ``check_*`` holds the inputs and the reference answer."""
+"""Notebook 08's exercises (PowerSGD in practice): each ``check_*`` holds the inputs and the reference answer."""
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 
+import numpy as np
 import torch
-import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib import (
-    memory,
+    hooks,
+    powersgd,
 )
-from course_lib.notebooks.exercises.core import _describe, _name, _short, check, check_distributed
+from course_lib.notebooks.exercises.core import _name, _run_student, compare
+from course_lib.utils.digits import batch_slice, digits_tensors, mlp
 
 
-def topk_inputs(rank: int, world_size: int):
-    """Each rank's input for notebook 08's top-k exercise: its own gradient (40 entries, alike enough
-    across ranks that some of their largest entries share indices and others do not) and k = 6."""
-    shared = torch.randn(40, generator=torch.Generator().manual_seed(299))
-    return (shared + 0.5 * torch.randn(40, generator=torch.Generator().manual_seed(300 + rank)), 6)
+class PowerSGDHookState:
+    """What the PowerSGD-hook exercise hands the student's hook.
+
+    ``matrix_approximation_rank`` (r), two dicts for the memory, keyed as the student likes
+    (``error_dict``: error feedback; ``q_memory_dict``: last step's Q's, for warm start), and
+    :meth:`fresh_qs`, which draws the first Q's of a bucket as ``powersgd.powerSGD_hook`` draws them
+    (one seed per bucket from a generator seeded alike on every rank), so that the two hooks can be
+    compared number for number.
+    """
+
+    def __init__(self, matrix_approximation_rank: int = 2, random_seed: int = 0):
+        self.matrix_approximation_rank = matrix_approximation_rank
+        self.error_dict: dict = {}
+        self.q_memory_dict: dict = {}
+        self.rng = np.random.RandomState(random_seed)
+
+    def fresh_qs(self, shapes, dtype=torch.float32) -> list[torch.Tensor]:
+        """One Gaussian Q per shape (``(m, r)`` for an n x m matrix), for the matrices of one bucket,
+        in the order of ``bucket.gradients()``: call it once per bucket, at its first compressed step."""
+        return powersgd._fresh_q(self, [tuple(shape) for shape in shapes], dtype, "cpu")
 
 
-def topk_average_expected(tensor: torch.Tensor, k: int) -> torch.Tensor:
-    """The mean over ranks of each rank's top-k, another way than ``compressors.TopK``: every rank's
-    whole tensor all-gathered, each kept at its k largest magnitudes found by a full sort."""
-    everyone = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
-    dist.all_gather(everyone, tensor)
-    out = torch.zeros_like(tensor)
-    for t in everyone:
-        keep = t.abs().argsort(descending=True)[:k]
-        out[keep] += t[keep]
-    return out / len(everyone)
+@dataclass
+class _HookRun:  # the student's hook, its state, and the step DDP is at (plain all-reduce before start)
+    hook: object
+    state: PowerSGDHookState
+    start: int
+    step: int = 0
 
 
-def check_topk_average(student_fn) -> bool:
-    """``student_fn(tensor, k)`` in a ``.py`` file: on every rank, the mean over the ranks of each
-    rank's top-k of its ``tensor`` (its k entries of largest magnitude, zeros elsewhere), exchanged as
-    values and indices; checked on 2 and 3 gloo ranks against ``topk_average_expected``."""
-    return check_distributed(student_fn, topk_average_expected, topk_inputs, name=_name(student_fn, "topk_average"))
+def _student_after_start(run: _HookRun, bucket):
+    if run.step < run.start:
+        return hooks.allreduce_fut(None, bucket.buffer())
+    return run.hook(run.state, bucket)
 
 
-def _stochastic_round(x: torch.Tensor, levels: int, u: torch.Tensor) -> torch.Tensor:
-    """QSGD's rounding with one norm for all of ``x`` (``compressors.QSGD``'s rule, bucket_size=None)."""
-    norm = x.norm()
-    if norm == 0:
-        return torch.zeros_like(x)
-    a = x.abs() / norm * levels
-    low = a.floor()
-    return torch.sign(x) * norm * (low + (u < a - low).to(x.dtype)) / levels
+_HOOK_EXERCISE = dict(hidden=32, bucket_cap_mb=0.004, rank=2, start=2, steps=6, lr=0.2, batch_size=64)
 
 
-def check_stochastic_rounding(student_fn, draws: int = 2000) -> bool:
-    """``student_fn(x, levels, u)``: each entry of flat ``x`` rounded to one of the levels
-    ``norm * sign(x) * l / levels`` (l = 0 ... levels, norm = ||x||) next to it, down or up as decided by
-    the uniform draw ``u`` (one per entry, in [0, 1)), so that the result is unbiased.
+def _hook_exercise_worker(rank: int, world_size: int, student_hook) -> dict:
+    """Train the same model twice, under the course's ``powerSGD_hook`` and under the student's;
+    the parameters after each step, both ways."""
+    c = _HOOK_EXERCISE
+    x, y, _, _ = digits_tensors(seed=0)
+    out = {}
+    for who in ("reference", "student"):
+        model = DDP(mlp(hidden=c["hidden"], seed=0), bucket_cap_mb=c["bucket_cap_mb"])
+        if who == "reference":
+            state = powersgd.PowerSGDState(matrix_approximation_rank=c["rank"], start_powerSGD_iter=c["start"])
+            model.register_comm_hook(state, powersgd.powerSGD_hook)
+        else:
+            run = _HookRun(student_hook, PowerSGDHookState(c["rank"]), c["start"])
+            model.register_comm_hook(run, _student_after_start)
+        opt = torch.optim.SGD(model.parameters(), lr=c["lr"])
+        params = []
+        for step in range(c["steps"]):
+            if who == "student":
+                run.step = step
+            idx = batch_slice(step, c["batch_size"], len(x), rank, world_size)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+            opt.step()
+            params.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+        out[who] = params
+    return out
 
-    Checked two ways, not against one formula (``u < fraction`` and ``u >= 1 - fraction`` are both
-    right): in every one of ``draws`` draws each entry is one of its two neighbouring levels, with x's
-    sign; and the mean over the draws is x, within 5 standard errors of the rounding's own spread."""
-    name = _name(student_fn, "stochastic_round")
-    gen = torch.Generator().manual_seed(8)
-    cases = [(torch.randn(12, generator=gen), 15), (1e-3 * torch.randn(7, generator=gen), 3),
-             (torch.tensor([0.0, 3.0, -4.0, 0.5]), 1), (torch.zeros(5), 15)]
-    for i, (x, levels) in enumerate(cases):
-        norm = x.norm()
-        a = x.abs() / norm * levels if norm > 0 else torch.zeros_like(x)
-        step = (norm / levels).item()
-        low, high = torch.sign(x) * a.floor() * step, torch.sign(x) * a.ceil() * step
-        fraction = (a - a.floor()).double()
-        total = torch.zeros_like(x, dtype=torch.float64)
-        for _ in range(draws):
-            u = torch.rand(x.shape, generator=gen)
-            try:
-                got = student_fn(x.clone(), levels, u.clone())
-            except NotImplementedError:
-                print(f"[not yet] {name}: replace the `raise NotImplementedError` with your code, then run this again.")
+
+def check_powersgd_hook(student_fn) -> bool:
+    """``student_fn(state, bucket)``: a DDP communication hook doing PowerSGD with error feedback
+    and warm start (``state`` is a :class:`PowerSGDHookState`). It trains an MLP on 2 gloo ranks
+    (two buckets, rank 2, plain all-reduce for steps 0 and 1, then 4 compressed steps) and must
+    leave the parameters of ``powersgd.powerSGD_hook`` after every step, to 1e-4 relative."""
+    name = _name(student_fn, "my_powersgd_hook", in_processes=True)
+    c, world_size = _HOOK_EXERCISE, 2
+    results = _run_student(_hook_exercise_worker, world_size, student_fn, name)
+    if results is None:
+        return False
+    for rank, out in enumerate(results):
+        for step, (expected, got) in enumerate(zip(out["reference"], out["student"])):
+            why = compare(expected, got, rtol=1e-4, atol=1e-6)
+            if why:
+                kind = "a plain all-reduce step" if step < c["start"] else f"compressed step {step - c['start'] + 1}"
+                print(f"[FAIL] {name}, rank {rank}: the parameters after step {step} ({kind}) differ from "
+                      f"powersgd.powerSGD_hook's: {why}")
                 return False
-            except Exception as e:
-                print(f"[FAIL] {name}, case {i} {_describe((x, levels))}: raised {type(e).__name__}: {e}")
-                return False
-            if not isinstance(got, torch.Tensor) or got.shape != x.shape:
-                print(f"[FAIL] {name}, case {i}: expected a tensor of shape {tuple(x.shape)}, got {_short(got)}")
-                return False
-            on_level = torch.isclose(got, low, rtol=1e-5, atol=1e-9) | torch.isclose(got, high, rtol=1e-5, atol=1e-9)
-            if not bool(on_level.all()):
-                j = int((~on_level).nonzero()[0])
-                print(f"[FAIL] {name}, case {i} {_describe((x, levels))}: entry {j} is {got[j].item():.6g}, not one "
-                      f"of its two neighbouring levels {low[j].item():.6g} and {high[j].item():.6g}")
-                return False
-            total += got.double()
-        mean = total / draws
-        tolerance = 5 * step * (fraction * (1 - fraction)).sqrt() / math.sqrt(draws) + 1e-6 * step
-        biased = (mean - x.double()).abs() > tolerance
-        if bool(biased.any()):
-            j = int(biased.nonzero()[0])
-            print(f"[FAIL] {name}, case {i} {_describe((x, levels))}: biased: entry {j} is {x[j].item():.6g}, but its "
-                  f"mean over {draws} draws of u is {mean[j].item():.6g} (the levels each side are "
-                  f"{low[j].item():.6g} and {high[j].item():.6g}: round up with the right probability)")
-            return False
-    print(f"[PASS] {name}: every entry on a neighbouring level, and unbiased over {draws} draws, "
-          f"in all {len(cases)} cases.")
+    print(f"[PASS] {name}: the same parameters as powersgd.powerSGD_hook after each of {c['steps']} steps "
+          f"({c['steps'] - c['start']} compressed) on {world_size} ranks.")
     return True
-
-
-def _dgc_step(g, u, v, momentum, k):
-    """The package's own DGC memory (``memory.DGCMemory``: momentum correction, masking) around a top-k."""
-    dgc = memory.DGCMemory(momentum, masking=True)
-    dgc.velocity["g"], dgc.memory["g"] = u.clone(), v.clone()  # the state the case starts from
-    corrected = dgc.compensate("g", g)
-    chosen = torch.topk(corrected.abs(), k).indices
-    sent = torch.zeros_like(corrected)
-    sent[chosen] = corrected[chosen]
-    dgc.update("g", corrected, sent)
-    return sent, dgc.velocity["g"], dgc.memory["g"]
-
-
-def check_dgc_step(student_fn) -> bool:
-    """``student_fn(g, u, v, momentum, k)``: one DGC step on one rank with momentum correction and
-    momentum-factor masking: ``(sent, u, v)`` after it (the new velocity and accumulation)."""
-    gen = torch.Generator().manual_seed(7)
-    cases = []
-    for n, k, m in ((8, 2, 0.9), (100, 5, 0.9), (50, 1, 0.0), (20, 20, 0.5)):
-        cases.append((torch.randn(n, generator=gen), torch.randn(n, generator=gen),
-                      torch.randn(n, generator=gen), m, k))
-    return check(student_fn, _dgc_step, cases, name=_name(student_fn, "dgc_step"))

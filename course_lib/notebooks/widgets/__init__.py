@@ -4,9 +4,9 @@
 a random matrix, a photograph), move the slider, and see the reconstruction, what it leaves out
 (the residual, on the original's colour scale), its error, the best
 error any rank-r approximation could have (the SVD's), and how much smaller P and Q are than M.
-``memory_calculator`` shows what one rank holds under DDP and ZeRO stages 1 to 3 (notebook 04).
+``memory_calculator`` shows what one rank holds under DDP and ZeRO stages 1 to 3 (notebook 05).
 ``period_explorer`` slides the bandwidth and the period H of local SGD, which all-reduces once every H
-steps, against per-step methods (notebook 09).
+steps, against per-step methods (notebook 11).
 """
 
 from course_lib.notebooks.widgets.links import bandwidth_explorer, compression_explorer, period_explorer

@@ -1,4 +1,4 @@
-"""The rank slider on a low-rank approximation (notebook 05): ``rank_explorer``."""
+"""The rank slider on a low-rank approximation (notebook 06): ``rank_explorer``."""
 
 
 import ipywidgets as widgets
@@ -20,7 +20,7 @@ def hopper_gray() -> torch.Tensor:
 
 
 def default_matrices(seed: int = 0) -> dict[str, torch.Tensor]:
-    """The matrices notebook 05 talks about: its real gradient (the digits MLP's 256 x 256 hidden
+    """The matrices notebook 06 talks about: its real gradient (the digits MLP's 256 x 256 hidden
     layer at step 40), its random matrix of the same shape, and the grey photograph."""
     grad = gradient_snapshots(40, seed=seed)[-1]["2.weight"]
     return {

@@ -1,4 +1,4 @@
-"""What one rank holds under DDP and ZeRO stages 1 to 3 (notebook 04): ``memory_calculator``."""
+"""What one rank holds under DDP and ZeRO stages 1 to 3 (notebook 05): ``memory_calculator``."""
 
 import math
 from decimal import ROUND_HALF_UP, Decimal
@@ -179,4 +179,4 @@ def memory_calculator(n_params: int, world_size: int = 2, stage: int = 0, optimi
     return MemoryCalculator(n_params, world_size, stage, optimizer, precision, tensors, activation_bytes)
 
 
-# The period explorer (notebook 09): local SGD all-reduces once every H steps
+# The period explorer (notebook 11): local SGD all-reduces once every H steps

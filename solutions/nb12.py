@@ -1,4 +1,4 @@
-"""Notebook 10: when does compression pay?"""
+"""Notebook 12: when does compression pay?"""
 
 import math
 import statistics

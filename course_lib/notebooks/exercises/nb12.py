@@ -1,4 +1,4 @@
-"""Notebook 10's exercises (multi-GPU): each ``check_*`` holds the inputs and the reference answer."""
+"""Notebook 12's exercises (multi-GPU): each ``check_*`` holds the inputs and the reference answer."""
 
 from __future__ import annotations
 
