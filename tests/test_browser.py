@@ -177,10 +177,10 @@ FULL_RUN = "00_setup.ipynb"
 
 # Notebooks with a widget: the call that makes it, and what moves it
 WIDGETS = {
-    "04_": ("memory_calculator(", lambda page: _move_memory_calculator(page)),
-    "05_": ("rank_explorer(", lambda page: _move_rank_slider(page)),
-    "09_": ("period_explorer(", lambda page: _move_period_slider(page)),
-    "10_": ("bandwidth_explorer(", lambda page: _move_bandwidth_slider(page)),
+    "05_": ("memory_calculator(", lambda page: _move_memory_calculator(page)),
+    "06_": ("rank_explorer(", lambda page: _move_rank_slider(page)),
+    "11_": ("period_explorer(", lambda page: _move_period_slider(page)),
+    "12_": ("bandwidth_explorer(", lambda page: _move_bandwidth_slider(page)),
 }
 
 

@@ -16,7 +16,11 @@ Each worker below is started with :func:`course_lib.launch.spawn` on gloo, as th
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import os
 import re
+import sys
 import time
 from types import SimpleNamespace
 
@@ -38,7 +42,7 @@ def first_line(message: str, width: int = 200) -> str:
     """The first line of an error message, without gloo's ``[/path/of/its/source.cc:123] `` in front, cut at
     ``width`` characters (gloo's run to a screenful)."""
     line = message.strip().splitlines()[0] if message.strip() else ""
-    line = re.sub(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\] ", "", line)
+    line = re.sub(r"\[[^\]\s]*\.(?:cc|cpp|h):\d+\] ", "", line)
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
@@ -60,17 +64,31 @@ def late_ranks(rank: int, world_size: int, late: tuple = (2,), timeout_s: float 
     if rank in late:
         time.sleep(timeout_s + 2)
         return "busy elsewhere: never entered the barrier"
-    start = time.monotonic()
     try:
-        dist.monitored_barrier(timeout=_seconds(timeout_s), wait_all_ranks=True)
+        with _quiet_stderr():  # (gloo logs the same lines there)
+            dist.monitored_barrier(timeout=_seconds(timeout_s), wait_all_ranks=True)
     except Exception as exc:  # noqa: BLE001 - shown, not handled
-        return f"{type(exc).__name__} after {time.monotonic() - start:.0f} s: {first_line(str(exc))}"
+        return f"{type(exc).__name__}: {first_line(str(exc))}"
     return "passed the barrier"
 
 
-def _seconds(s: float):
-    import datetime
+@contextlib.contextmanager
+def _quiet_stderr():
+    """This process's standard error, file descriptor 2 itself, sent to /dev/null while inside: what gloo's
+    and the profiler's C++ code log there (timestamped lines, in whichever order the processes write
+    them) would otherwise land in the notebook's output, which differs from run to run."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
+
+def _seconds(s: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=s)
 
 
@@ -127,7 +145,7 @@ def profiled_ddp_step(rank: int, world_size: int, hidden: int = 512, depth: int 
         step(ddp, s)
         step(ours, s)
     dist.barrier()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:  # (it logs its start and stop)
         step(ddp, warmup)
     dist.barrier()
     start = time.perf_counter()
@@ -195,7 +213,6 @@ def uneven_inputs(rank: int, world_size: int, join: bool, timeout_s: float = 3.0
             nn.functional.cross_entropy(model(x[rows]), y[rows]).backward()
             opt.step()
 
-    start = time.monotonic()
     try:
         if join:
             with Join([model]):
@@ -204,5 +221,5 @@ def uneven_inputs(rank: int, world_size: int, join: bool, timeout_s: float = 3.0
             train()
             time.sleep(timeout_s + 2)  # then on to other work (evaluation, a checkpoint) while a peer trains
     except RuntimeError as exc:
-        return f"{batches} batches: RuntimeError after {time.monotonic() - start:.0f} s ({first_line(str(exc), 90)})"
+        return f"{batches} batches: RuntimeError ({first_line(str(exc), 90)})"
     return f"{batches} batches: done"
