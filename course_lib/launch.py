@@ -354,9 +354,9 @@ def _worker(rank, fn, world_size, port, backend, timeout_s, args, results, envir
             dist.destroy_process_group()
 
 
-def _stacks(procs, ranks: list[int], stack_paths: list[str] | None, wait_s: float = 2.0) -> dict[int, str]:
-    """Ask each worker of ``ranks`` still alive for its Python stack; ``{rank: the stack of its main
-    thread, most recent call first, from fn down}`` for those that answered within ``wait_s`` seconds."""
+def _dumps(procs, ranks: list[int], stack_paths: list[str] | None, wait_s: float = 2.0) -> dict[int, str]:
+    """Ask each worker of ``ranks`` still alive for its Python stacks; ``{rank: faulthandler's dump of
+    every thread}`` for those that answered within ``wait_s`` seconds."""
     if stack_paths is None:
         return {}
     asked = []
@@ -375,7 +375,7 @@ def _stacks(procs, ranks: list[int], stack_paths: list[str] | None, wait_s: floa
             with open(stack_paths[r]) as fh:
                 text = fh.read()
             if "in _worker" in text:  # the main thread's stack is written through to its last frame
-                texts[r] = _main_thread_stack(text)
+                texts[r] = text
                 asked.remove(r)
     return texts
 
@@ -579,7 +579,7 @@ def spawn(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 
     included), every worker is killed and a ``TimeoutError`` names the ranks still running and says
     where each was: before killing them, spawn sends each a SIGUSR1, on which it writes its Python stack
     (``faulthandler``; not on Windows), and the error's message ends with each rank's stack, from the
-    most recent call down to ``fn`` (``error.stacks``: ``{rank: stack}``).
+    most recent call down to ``fn`` (``error.stacks``: ``{rank: stack}``; ``error.dumps``: every thread's).
 
     ``world_size`` above ``max_world_size`` (default: 8 per core, at least 16) is refused with a
     ``ValueError``; pass ``max_world_size=None`` to start that many processes anyway.
@@ -635,13 +635,15 @@ def spawn(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 running = [r for r in range(world_size) if r not in values]
-                stacks = _stacks(procs, running, stack_paths)
+                dumps = _dumps(procs, running, stack_paths)
+                stacks = {r: _main_thread_stack(d) for r, d in dumps.items()}
                 where = "".join(f"\n\nrank {r} was in (most recent call first):\n{stacks[r]}" for r in sorted(stacks))
                 error = TimeoutError(
                     f"spawn timed out after {timeout_s:g} s; rank(s) {running} were still running "
                     f"and have been killed. Raise timeout_s if the work is just slow.{where}"
                 )
-                error.stacks = stacks  # {rank: its Python stack at the timeout}
+                error.stacks = stacks  # {rank: its main thread's Python stack at the timeout}
+                error.dumps = dumps  # {rank: every thread's, as faulthandler wrote them}
                 raise error
             try:
                 status, rank, stamp, payload = results.get(timeout=min(0.2, remaining))

@@ -86,11 +86,14 @@ def test_exercise_checks(capsys):
     assert not check_distributed(C.blocking_ring_shift, ex.ring_shift_expected, ex.exercise_inputs, name="dl",
                                  timeout_s=5)
     assert "no answer after 5 s. A deadlock?" in capsys.readouterr().out
-    # the notebook's exercises, as a student runs them: the course's ring_shift (isend/irecv) against
-    # torch's all-gather; C.reduce_scatter is right but refused, as it is built on dist.all_reduce
-    assert ex.check_ring_shift(C.ring_shift)
+    # the notebook's exercises, as a student runs them: the instructors' ring shift (send/recv) against
+    # torch's all-gather passes; the course's own (C.ring_shift) and the check's reference
+    # (C.reduce_scatter) are right but refused, being the answer
+    assert ex.check_ring_shift(nb02.ring_shift)
+    assert not ex.check_ring_shift(C.ring_shift)
+    assert "may not call course_lib.collectives." in capsys.readouterr().out
     assert not ex.check_recursive_halving(C.reduce_scatter)
-    assert "it called dist.all_reduce" in capsys.readouterr().out
+    assert "may not call course_lib.collectives.reduce_scatter" in capsys.readouterr().out
     assert not ex.check_ring_shift(W.todo)
     assert "[not yet] todo" in capsys.readouterr().out
 

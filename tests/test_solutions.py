@@ -12,7 +12,6 @@ from course_lib import costmodel as C
 from course_lib import data_parallel as dp
 from course_lib import lowrank as L
 from course_lib.notebooks import exercises as ex
-from course_lib.notebooks.exercises import nb07 as exercises_nb07
 from solutions import nb00, nb01, nb02, nb03, nb04, nb05, nb06, nb07, nb08, nb09, nb11, nb12
 from tests import exercise_answers as A
 from tests.test_exercises import LOCAL_SGD_NEAR_MISSES, SHARDING_NEAR_MISSES
@@ -127,13 +126,13 @@ def _smallest_rank_unsquared(M, max_error):
 
 def _ddp_all_reduces_without_the_first_bucket(sizes, cap_mb, steps, k, no_sync):
     # every synchronizing backward with the rebuilt buckets: DDP's first iteration forgotten
-    rebuilt = ex.ddp_all_reduces(sizes, cap_mb, 2, 1, False)[1:]
+    rebuilt = nb04.my_ddp_all_reduces(sizes, cap_mb, 2, 1, False)[1:]
     return rebuilt * steps * (1 if no_sync else k)
 
 
 def _ddp_all_reduces_cap_for_every_bucket(sizes, cap_mb, steps, k, no_sync):
     # bucket_cap_mb=None read as 25 MiB for every bucket: the 1 MiB first bucket forgotten
-    return ex.ddp_all_reduces(sizes, 25 if cap_mb is None else cap_mb, steps, k, no_sync)
+    return nb04.my_ddp_all_reduces(sizes, 25 if cap_mb is None else cap_mb, steps, k, no_sync)
 
 
 def _round_to_nearest(x, levels, u):  # deterministic: the nearest level, biased
@@ -206,13 +205,13 @@ def _buffers_compressed_per_worker(grads, compress):
 
 def _buffers_own_for_both(grads, compress):
     """Worker 0's buffer given as the mean too: what the old plot of rank 0's buffer showed."""
-    _, own = exercises_nb07._mean_and_own_buffer(grads, compress)
+    _, own = nb07.my_mean_and_own_buffer(grads, compress)
     return own, own
 
 
 def _buffers_last_step_only(grads, compress):
     """The buffers of the last step alone, as if nothing were carried over."""
-    return exercises_nb07._mean_and_own_buffer(grads[-1:], compress)
+    return nb07.my_mean_and_own_buffer(grads[-1:], compress)
 
 
 def _numbers_per_step_vectors_never_compressed(shapes, r, rate):
@@ -249,7 +248,8 @@ def _memory_vectors_never_compressed(shapes, r, rate, use_error_feedback, warm_s
 NEAR_MISSES = [
     (ex.check_ddp_all_reduces, _ddp_all_reduces_without_the_first_bucket, "case 0"),
     (ex.check_ddp_all_reduces, _ddp_all_reduces_cap_for_every_bucket, "case 0"),
-    (ex.check_ddp_all_reduces, lambda sizes, cap, steps, k, no_sync: ex.ddp_all_reduces(sizes, cap, steps, k, False),
+    (ex.check_ddp_all_reduces,
+     lambda sizes, cap, steps, k, no_sync: nb04.my_ddp_all_reduces(sizes, cap, steps, k, False),
      "case 1"),  # no_sync forgotten
     (ex.check_exposed_time, _exposed_without_queueing, "case 3"),
     (ex.check_exposed_time, _exposed_as_if_nothing_overlapped, "case 0"),

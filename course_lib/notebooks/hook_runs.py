@@ -9,10 +9,8 @@ Neither is the training loop: that is :func:`course_lib.train.ddp_train`, which 
 """
 
 import dataclasses
-import faulthandler
 import linecache
 import os
-import signal
 import tempfile
 import threading
 import time
@@ -53,33 +51,13 @@ class Outcome(NamedTuple):
     stacks: dict = {}
 
 
-_stack_file = None  # the file faulthandler dumps into: kept open for as long as the worker runs
-
-
 def _quietly(rank: int, world_size: int, fn, stderr_dir: str, args: tuple):
     # What a worker's C++ code writes before aborting goes to fd 2, which Jupyter shows in the cell
     # that started it; here it goes to a file that try_worker reads.
     fd = os.open(os.path.join(stderr_dir, f"rank{rank}.txt"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(fd, 2)
     os.close(fd)
-    # A hang shows nothing: on SIGUSR1, which try_worker sends shortly before its timeout, every thread's
-    # Python stack goes to a file (what `py-spy dump` shows of a live process, from inside it)
-    global _stack_file
-    _stack_file = open(os.path.join(stderr_dir, f"rank{rank}.stacks"), "w")
-    faulthandler.register(signal.SIGUSR1, file=_stack_file, all_threads=True)
-    with open(os.path.join(stderr_dir, f"rank{rank}.pid"), "w") as fh:
-        fh.write(str(os.getpid()))
     return fn(rank, world_size, *args)
-
-
-def _ask_for_stacks(stderr_dir: str, world_size: int) -> None:
-    """Signal every worker that wrote its pid to dump its threads' stacks (see :func:`_quietly`)."""
-    for rank in range(world_size):
-        try:
-            with open(os.path.join(stderr_dir, f"rank{rank}.pid")) as fh:
-                os.kill(int(fh.read()), signal.SIGUSR1)
-        except (OSError, ValueError):  # not started yet, or already gone
-            pass
 
 
 def _train(rank: int, world_size: int, config):
@@ -102,21 +80,19 @@ def try_training(config: TrainConfig | list[TrainConfig], world_size: int = 2, t
 def try_worker(fn, world_size: int, *args, timeout_s: float = 10.0) -> Outcome:
     """Run worker ``fn(rank, world_size, *args)`` on ``world_size`` gloo processes and say how it ended,
     instead of raising: a hang is cut off after ``timeout_s`` seconds and reported as ``"hung"``, with
-    where each rank's threads were (``Outcome.stacks``); what a crashed worker wrote to its stderr
-    before dying ends up in ``detail``."""
+    where each rank's threads were (``Outcome.stacks``, from the stacks ``spawn`` has each worker dump at
+    its timeout: what `py-spy dump` shows of a live process, from inside it); what a crashed worker
+    wrote to its stderr before dying ends up in ``detail``."""
     start = time.monotonic()
     stacks = {}
     with tempfile.TemporaryDirectory() as stderr_dir:
-        # a second before the timeout (at least half of it in), the workers still running dump their stacks
-        asking = threading.Timer(max(timeout_s / 2, timeout_s - 1.0), _ask_for_stacks, (stderr_dir, world_size))
-        asking.start()
         try:
             spawn(_quietly, world_size, fn, stderr_dir, args, backend="gloo", timeout_s=timeout_s)
             kind, detail = "finished", ""
         except TimeoutError as e:
             kind, detail = "hung", str(e).split(";")[0]
-            stacks = {rank: _innermost_frames(os.path.join(stderr_dir, f"rank{rank}.stacks"))
-                      for rank in range(world_size)}
+            dumps = getattr(e, "dumps", {})
+            stacks = {rank: _innermost_frames(dumps.get(rank, "")) for rank in range(world_size)}
         except WorkerError as e:
             kind = "crashed" if e.exc_type == "ProcessExited" else f"raised {e.exc_type}"
             frames = [ln.strip() for ln in e.worker_traceback.splitlines() if ln.strip().startswith("File ")]
@@ -126,8 +102,6 @@ def try_worker(fn, world_size: int, *args, timeout_s: float = 10.0) -> Outcome:
                 with open(os.path.join(stderr_dir, f"rank{e.rank}.txt"), errors="replace") as fh:
                     last = [ln.strip() for ln in fh if ln.strip()][-1:]
                 detail = f"rank {e.rank} died" + (f"; its stderr: {last[0]}" if last else "")
-        finally:
-            asking.cancel()
     return Outcome(kind, time.monotonic() - start, detail, stacks)
 
 
@@ -159,13 +133,9 @@ def callbacks_that_wait(rank: int, world_size: int, in_flight: int = 2) -> list[
     return ran_on
 
 
-def _innermost_frames(path: str) -> list[Frame]:
-    """Each dumped thread's innermost frame (faulthandler writes "most recent call first")."""
-    try:
-        with open(path, errors="replace") as fh:
-            dump = fh.read()
-    except FileNotFoundError:  # the worker never started
-        return []
+def _innermost_frames(dump: str) -> list[Frame]:
+    """Each dumped thread's innermost frame (faulthandler writes "most recent call first"); none for a
+    worker that never started."""
     frames, fresh = [], False
     for line in dump.splitlines():
         if line.startswith(("Thread ", "Current thread ")):

@@ -7,7 +7,11 @@ function the exercise forbids raise :class:`NotAllowed`."""
 from __future__ import annotations
 
 import copy
+import importlib
+import inspect
 import math
+import pickle
+import sys
 import traceback
 from dataclasses import dataclass
 
@@ -78,12 +82,72 @@ def _describe(args) -> str:
     return "(" + ", ".join(_short(a, 40) for a in args) + ")"
 
 
+class NotAllowed(RuntimeError):
+    """A student's function called what its exercise does not allow."""
+
+
+def _codes(functions) -> dict:
+    """``{code object: its name}`` of each function, and of each method of each class, in ``functions``."""
+    codes = {}
+    for f in functions:
+        members = [m for m in vars(f).values()] if inspect.isclass(f) else [f]
+        for m in members:
+            m = getattr(m, "__func__", m)  # a staticmethod or classmethod: the function inside
+            code = getattr(m, "__code__", None)
+            if code is not None:
+                codes[code] = f"{getattr(f, '__module__', '?')}.{getattr(f, '__qualname__', repr(f))}"
+    return codes
+
+
+class refused_calls:
+    """Inside ``with refused_calls(functions, who, why):``, a call of any of ``functions`` (functions, or
+    classes: every method), however it was reached (imported by another name, a copy of the module,
+    a bound method), raises :class:`NotAllowed`: the course's own answer to an exercise is refused by
+    the check that asks for it. It watches Python calls through ``sys.setprofile`` (this thread only)
+    and compares code objects, so only these functions are refused, and what they would call is not.
+    """
+
+    def __init__(self, functions, who: str, why: str):
+        self.codes, self.who, self.why = _codes(functions), who, why
+
+    def _watch(self, frame, event, arg):
+        if event == "call" and frame.f_code in self.codes:
+            raise NotAllowed(f"{self.who} may not call {self.codes[frame.f_code]}: {self.why}")
+
+    def __enter__(self):
+        self._before = sys.getprofile()
+        if self.codes:
+            sys.setprofile(self._watch)
+        return self
+
+    def __exit__(self, *exc):
+        sys.setprofile(self._before)
+        return False
+
+
+_COURSE_ANSWER = "it computes this exercise's answer; write it yourself (the check compares yours with it)"
+
+
+def resolve(names) -> list:
+    """The functions or classes named ``"module:qualname"`` (a form that pickles, for a worker to resolve)."""
+    found = []
+    for name in names:
+        module, _, qualname = name.partition(":")
+        obj = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        found.append(obj)
+    return found
+
+
 def check(student, reference, cases, *, name: str | None = None, rtol: float = 1e-5,
-          atol: float = 1e-6) -> bool:
+          atol: float = 1e-6, refuse=()) -> bool:
     """Run ``student(*args)`` and ``reference(*args)`` for each ``args`` in ``cases``; print a verdict.
 
     When both return ``None`` (functions that work in place), the arguments they modified are
-    compared instead. Returns ``True`` when every case passes.
+    compared instead. Returns ``True`` when every case passes. While ``student`` runs, calling
+    ``reference`` or any of ``refuse`` (the course's functions that compute the answer: functions or
+    classes) raises :class:`NotAllowed` (see :class:`refused_calls`): the check fails.
     """
     name = name or _name(student, "your_function")
     _name(student, name)
@@ -94,9 +158,13 @@ def check(student, reference, cases, *, name: str | None = None, rtol: float = 1
         mine, theirs = copy.deepcopy(args), copy.deepcopy(args)
         expected = reference(*theirs)
         try:
-            got = student(*mine)
+            with refused_calls((reference, *refuse), name, _COURSE_ANSWER):
+                got = student(*mine)
         except NotImplementedError:
             print(f"[not yet] {name}: replace the `raise NotImplementedError` with your code, then run this again.")
+            return False
+        except NotAllowed as e:
+            print(f"[FAIL] {name}, case {i} {_describe(args)}: {e}")
             return False
         except Exception as e:
             where = traceback.extract_tb(e.__traceback__)[-1]
@@ -125,7 +193,12 @@ class Rules:
     many numbers each rank must send in all; ``refused``: functions refused the moment they are
     called, by the name a student calls (``"dist.all_reduce"``, also caught when imported by name, as
     it ends in ``ProcessGroup.allreduce``; ``"collectives.ring_all_reduce"``, any function of
-    ``course_lib.collectives``). ``why`` ends the message when a count is off or a function refused.
+    ``course_lib.collectives``); ``refused_functions``: the course's functions (or classes) that compute
+    the answer, as ``"module:qualname"``, refused however the student reaches them (see
+    :class:`refused_calls`; the reference is always refused); ``contributed_at_most``: a top-level
+    function ``(input_numbers, rank, world_size) -> int``, the most numbers each rank may hand to
+    collectives in all (what it all-gathers, all-reduces, broadcasts from itself). ``why`` ends the
+    message when a count is off or a function refused.
     """
 
     point_to_point_only: bool = False
@@ -134,6 +207,8 @@ class Rules:
     sent_below_input: bool = False
     sent_numbers: object = None
     refused: tuple = ()
+    refused_functions: tuple = ()
+    contributed_at_most: object = None
     why: str = ""
 
     def broken(self, used: dict, world_size: int) -> str | None:
@@ -149,11 +224,11 @@ class Rules:
             want = self.sent_numbers(used["input_numbers"], used["rank"], world_size)
             if used["numbers_sent"] != want:
                 return f"sent {used['numbers_sent']} numbers, not {want}; {self.why}"
+        if self.contributed_at_most is not None:
+            most = self.contributed_at_most(used["input_numbers"], used["rank"], world_size)
+            if used["contributed"] > most:
+                return f"handed {used['contributed']} numbers to collectives, more than {most}; {self.why}"
         return None
-
-
-class NotAllowed(RuntimeError):
-    """A student's function called what its exercise does not allow."""
 
 
 POINT_TO_POINT = "dist.send, dist.recv, dist.isend and dist.irecv (or dist.batch_isend_irecv)"
@@ -189,6 +264,7 @@ class _Watch:
         self.collectives: list[str] = []
         self.sends = 0
         self.numbers_sent = 0
+        self.contributed = 0  # numbers handed to collectives (see _contributed)
         self._depth = 0  # > 0 inside a watched function: what it calls in turn is not counted again
         self._saved: list = []
 
@@ -210,6 +286,8 @@ class _Watch:
 
     def _function(self, name: str, original):
         def watched(*args, **kwargs):
+            if self._depth == 0:
+                self.contributed += _contributed(name, args, kwargs)
             if self.rules.point_to_point_only:
                 self._refuse(f"dist.{name}")
             self._refuse_named(f"dist.{name}")
@@ -233,6 +311,11 @@ class _Watch:
                     if self.rules.point_to_point_only:
                         self._refuse(f"a collective (ProcessGroup.{name})")
                     function = f"dist.{_FUNCTION_OF_METHOD.get(name, name)}"
+                    # reached without dist.<function> (imported before the watch): count its input here
+                    if name in ("allgather", "_allgather_base", "allgather_coalesced", "all_gather_single", "gather"):
+                        self.contributed += _numel(args[1] if len(args) > 1 else None)
+                    elif name in ("allreduce", "reduce", "allreduce_coalesced"):
+                        self.contributed += _numel(args[0] if args else None)
                     self._refuse_named(function, f"{function} (ProcessGroup.{name})")
                     self.collectives.append(name)
             return original(group, *args, **kwargs)
@@ -268,7 +351,33 @@ class _Watch:
         return False
 
     def used(self) -> dict:
-        return {"collectives": list(self.collectives), "sends": self.sends, "numbers_sent": self.numbers_sent}
+        return {"collectives": list(self.collectives), "sends": self.sends, "numbers_sent": self.numbers_sent,
+                "contributed": self.contributed}
+
+
+def _numel(x) -> int:
+    if torch.is_tensor(x):
+        return x.numel()
+    if isinstance(x, (list, tuple)):
+        return sum(_numel(item) for item in x)
+    return 0
+
+
+def _contributed(name: str, args, kwargs) -> int:
+    """How many numbers a call of ``dist.<name>`` hands over from this rank: the input of an all-gather
+    or gather, the tensor of an all-reduce or reduce, a broadcast's tensor on its source; an object
+    (``all_gather_object``) counts its pickled bytes / 4. Other collectives count nothing here."""
+    if name in ("all_gather", "all_gather_into_tensor", "_all_gather_base", "gather", "all_gather_coalesced"):
+        return _numel(args[1] if len(args) > 1 else kwargs.get("tensor", kwargs.get("input_tensor")))
+    if name in ("all_reduce", "reduce", "all_reduce_coalesced"):
+        return _numel(args[0] if args else kwargs.get("tensor", kwargs.get("tensors")))
+    if name == "broadcast":
+        src = args[1] if len(args) > 1 else kwargs.get("src")
+        return _numel(args[0] if args else kwargs.get("tensor")) if src == dist.get_rank() else 0
+    if name in ("all_gather_object", "gather_object"):
+        obj = args[1] if len(args) > 1 else kwargs.get("obj")
+        return len(pickle.dumps(obj)) // 4
+    return 0
 
 
 def _input_numbers(args) -> int:
@@ -284,7 +393,9 @@ def _input_numbers(args) -> int:
 def _run_both(rank, world_size, student, reference, make_inputs, rules=None, name="your function"):
     args = make_inputs(rank, world_size)
     expected = reference(*copy.deepcopy(args))
-    with _Watch(rules or Rules(), name) as watch:
+    rules = rules or Rules()
+    with _Watch(rules, name) as watch, \
+            refused_calls([reference, *resolve(rules.refused_functions)], name, _COURSE_ANSWER):
         got = student(*copy.deepcopy(args))
     used = watch.used() | {"input_numbers": _input_numbers(args), "rank": rank}
     return args, expected, got, used

@@ -18,7 +18,8 @@ def exercise_inputs(rank: int, world_size: int):
 
 
 # Notebook 02's exercises build collectives from messages: each is run with every collective refused.
-POINT_TO_POINT_ONLY = Rules(point_to_point_only=True)
+POINT_TO_POINT_ONLY = Rules(point_to_point_only=True, refused_functions=(
+    "course_lib.collectives:ring_shift", "course_lib.collectives:blocking_ring_shift"))
 
 
 def ring_shift_expected(tensor: torch.Tensor) -> torch.Tensor:
@@ -72,7 +73,7 @@ def check_recursive_halving(student_fn) -> bool:
     the half of the remaining chunks the partner keeps). Checked against ``collectives.reduce_scatter``
     (an all-reduce of torch's, then this rank's chunk) on 2 and 4 ranks."""
     rules = Rules(point_to_point_only=True, sends={2: 1, 4: 2}, sent_below_input=True,
-                  sent_numbers=all_but_own_chunk,
+                  sent_numbers=all_but_own_chunk, refused_functions=("course_lib.collectives:ring_reduce_scatter",),
                   why="recursive halving sends one message per round, log2 p in all (1 on 2 ranks, 2 on 4), "
                       "each the half of the remaining chunks that the partner keeps: every chunk but your own "
                       "in all, each once")

@@ -42,7 +42,8 @@ def check_mean_and_own_buffer(student_fn) -> bool:
         return [[shared + 0.5 * torch.randn(6, 5, generator=g) for _ in range(workers)] for _ in range(steps)], _rank1
 
     cases = [case(2, 1, 0), case(2, 3, 1), case(3, 4, 2), case(4, 5, 3)]
-    return check(student_fn, _mean_and_own_buffer, cases, name=_name(student_fn, "mean_and_own_buffer"))
+    return check(student_fn, _mean_and_own_buffer, cases, name=_name(student_fn, "mean_and_own_buffer"),
+                 refuse=(memory.ErrorFeedback,))
 
 
 def _numbers_per_step(shapes, r: int, min_compression_rate: float) -> int:
@@ -57,7 +58,8 @@ def check_numbers_per_step(student_fn) -> bool:
     conv = [(16, 3, 3, 3), (16,), (10, 64), (10,)]
     cases = [(mlp512, 2, 2), (mlp512, 1, 2), (mlp512, 64, 2), (conv, 1, 2), ([(4, 4)], 1, 1),
              (mlp512, 2, 0), (conv, 4, 0.5), (conv, 2, 0.92)]  # below 1, vectors go as n x 1 matrices
-    return check(student_fn, _numbers_per_step, cases, name=_name(student_fn, "numbers_per_step"))
+    return check(student_fn, _numbers_per_step, cases, name=_name(student_fn, "numbers_per_step"),
+                 refuse=(powersgd.numbers_per_step,))
 
 
 def _memory_per_rank(shapes, r: int, min_compression_rate: float, use_error_feedback: bool, warm_start: bool) -> int:

@@ -7,13 +7,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib import (
     hooks,
     powersgd,
 )
-from course_lib.notebooks.exercises.core import _name, _run_student, compare
+from course_lib.notebooks.exercises.core import _COURSE_ANSWER, _name, _run_student, compare, refused_calls
 from course_lib.utils.digits import batch_slice, digits_tensors, mlp
 
 
@@ -47,10 +48,16 @@ class _HookRun:  # the student's hook, its state, and the step DDP is at (plain 
     step: int = 0
 
 
+# The course's and torch's PowerSGD hooks: what the exercise asks to write
+_HOOKS = (powersgd.powerSGD_hook, powersgd.ordered_powerSGD_hook, powersgd.batched_powerSGD_hook,
+          powersgd.compress_on_one_process, powerSGD_hook.powerSGD_hook, powerSGD_hook.batched_powerSGD_hook)
+
+
 def _student_after_start(run: _HookRun, bucket):
     if run.step < run.start:
         return hooks.allreduce_fut(None, bucket.buffer())
-    return run.hook(run.state, bucket)
+    with refused_calls(_HOOKS, getattr(run.hook, "__name__", "your hook"), _COURSE_ANSWER):
+        return run.hook(run.state, bucket)
 
 
 _HOOK_EXERCISE = dict(hidden=32, bucket_cap_mb=0.004, rank=2, start=2, steps=6, lr=0.2, batch_size=64)
