@@ -341,3 +341,84 @@ def powersgd_hook_all_reducing_only_p(state, bucket):
 
 def powersgd_hook_one_all_reduce_per_tensor(state, bucket):
     return _powersgd_hook(state, bucket)  # right: P's summed one by one, vectors averaged one by one
+
+
+# notebook 04's memory hook, wrong four ways: a memory that does not follow its parameters through DDP's
+# bucket rebuild (by bucket index, by position in the bucket), the sum of the rank's own gradients instead
+# of the averaged ones, and a key the check cannot find the parameter by
+
+
+def _allreduce_then(state, bucket, keep):
+    buffer = bucket.buffer().div_(dist.get_world_size())
+    fut = dist.all_reduce(buffer, async_op=True).get_future()
+
+    def then(fut):
+        averaged = fut.value()[0]
+        keep(averaged)
+        return averaged
+
+    return fut.then(then)
+
+
+def _pieces(bucket, flat):
+    offset = 0
+    for p in bucket.parameters():
+        yield p, flat[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+
+
+def memory_hook_keyed_by_bucket_index(state, bucket):
+    def keep(averaged):
+        old = state.memory.get(bucket.index())
+        fresh = old is None or old.shape != averaged.shape
+        state.memory[bucket.index()] = averaged.clone() if fresh else old + averaged
+        for p, piece in _pieces(bucket, state.memory[bucket.index()]):  # the check reads memory[p]
+            state.memory[p] = piece
+    return _allreduce_then(state, bucket, keep)
+
+
+def memory_hook_keyed_by_position(state, bucket):
+    def keep(averaged):
+        for i, (p, piece) in enumerate(_pieces(bucket, averaged)):
+            old = state.memory.get(("position", i))
+            total = piece.clone() if old is None or old.shape != piece.shape else old + piece
+            state.memory[("position", i)] = total
+            state.memory[p] = total
+    return _allreduce_then(state, bucket, keep)
+
+
+def memory_hook_before_averaging(state, bucket):
+    for p, piece in _pieces(bucket, bucket.buffer()):
+        state.memory[p] = state.memory.get(p, 0) + piece.detach().clone()
+    return _allreduce_then(state, bucket, lambda averaged: None)
+
+
+def memory_hook_keyed_by_name_string(state, bucket):
+    def keep(averaged):
+        for p, piece in _pieces(bucket, averaged):
+            key = f"{tuple(p.shape)}"
+            state.memory[key] = state.memory.get(key, 0) + piece.clone()
+    return _allreduce_then(state, bucket, keep)
+
+
+def memory_hook_without_dividing(state, bucket):
+    """The sum over the ranks kept and returned: memory and .grad agree with each other, not with the average."""
+    buffer = bucket.buffer()
+    fut = dist.all_reduce(buffer, async_op=True).get_future()
+
+    def then(fut):
+        summed = fut.value()[0]
+        for p, piece in _pieces(bucket, summed):
+            state.memory[p] = state.memory.get(p, 0) + piece.clone()
+        return summed
+
+    return fut.then(then)
+
+
+def memory_hook_without_communicating(state, bucket):
+    """This rank's own gradient kept and returned, nothing sent."""
+    for p, piece in _pieces(bucket, bucket.buffer()):
+        state.memory[p] = state.memory.get(p, 0) + piece.clone()
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut

@@ -49,6 +49,7 @@ IN_PROCESSES = [
     ("check_topk_average", answers.topk_average, REFUSED),
     ("check_topk_average", answers.topk_average_of_whole_tensors, "top-k sends"),
     ("check_powersgd_hook", answers.powersgd_hook, "powerSGD_hook"),
+    ("check_memory_hook", answers.memory_hook_by_parameter_keys, "memory.ParameterKeys"),
 ]
 
 

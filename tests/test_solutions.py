@@ -24,6 +24,7 @@ ANSWERS = [
     (ex.check_recursive_doubling, nb02.recursive_doubling_all_reduce),
     (ex.check_recursive_halving, nb02.recursive_halving_reduce_scatter),
     (ex.check_ddp_all_reduces, nb04.my_ddp_all_reduces),
+    (ex.check_memory_hook, nb04.my_memory_hook),
     (ex.check_exposed_time, nb03.my_exposed_time),
     (ex.check_zero2_gradient, nb05.zero2_gradient),
     (ex.check_bytes_per_rank, nb05.my_zero_bytes),
@@ -63,7 +64,7 @@ def _stub(*args):
 
 DISTRIBUTED = (ex.check_sum_of_squares, ex.check_elementwise_max, ex.check_ddp_token_step, ex.check_ring_shift,
                ex.check_recursive_doubling, ex.check_recursive_halving, ex.check_topk_average, ex.check_powersgd_hook,
-               ex.check_zero2_gradient)
+               ex.check_zero2_gradient, ex.check_memory_hook)
 
 
 @pytest.mark.parametrize("check", [c for c, _ in ANSWERS], ids=lambda c: c.__name__)
@@ -353,6 +354,12 @@ DISTRIBUTED_NEAR_MISSES = [
     (ex.check_topk_average, A.topk_average_by_all_reduce, "values differ"),
     (ex.check_topk_average, A.topk_of_the_average, "values differ"),
     (ex.check_topk_average, A.topk_average_overwriting, "values differ"),
+    (ex.check_memory_hook, A.memory_hook_keyed_by_bucket_index, "is not the sum of its averaged gradients"),
+    (ex.check_memory_hook, A.memory_hook_keyed_by_position, "is not the sum of its averaged gradients"),
+    (ex.check_memory_hook, A.memory_hook_before_averaging, "is not the sum of its averaged gradients"),
+    (ex.check_memory_hook, A.memory_hook_keyed_by_name_string, "has no entry for parameter"),
+    (ex.check_memory_hook, A.memory_hook_without_dividing, "is not the average over the ranks"),
+    (ex.check_memory_hook, A.memory_hook_without_communicating, "is not the average over the ranks"),
     (ex.check_powersgd_hook, A.powersgd_hook_without_error_feedback, "after step 3 (compressed step 2) differ"),
     (ex.check_powersgd_hook, A.powersgd_hook_without_orthogonalizing, "after step 2 (compressed step 1) differ"),
     (ex.check_powersgd_hook, A.powersgd_hook_all_reducing_only_p, "after step 2 (compressed step 1) differ"),
@@ -379,3 +386,14 @@ OTHER_RIGHT_ANSWERS = [
 @pytest.mark.parametrize("check, answer", OTHER_RIGHT_ANSWERS, ids=[a.__name__ for _, a in OTHER_RIGHT_ANSWERS])
 def test_other_right_answers_pass(check, answer, capsys):
     assert check(answer), capsys.readouterr().out
+
+
+def test_the_memory_hook_exercise_meets_a_bucket_rebuild():
+    # what makes the exercise a design question: the same parameters sit in other buckets after iteration 0
+    from course_lib.launch import spawn
+    from course_lib.notebooks.exercises import nb04 as exercises_nb04
+
+    out = spawn(exercises_nb04._memory_hook_worker, 2, nb04.my_memory_hook, backend="gloo", timeout_s=60)[0]
+    first = [params for call, index, params in out["buckets"] if call == 0]
+    later = {tuple(params) for call, index, params in out["buckets"] if call > 0}
+    assert first == [[0, 1, 2, 3, 4, 5]] and later == {(5, 4, 3, 2), (1, 0)}

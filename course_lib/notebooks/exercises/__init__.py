@@ -31,7 +31,12 @@ from course_lib.notebooks.exercises.nb02 import (
     ring_shift_expected,
 )
 from course_lib.notebooks.exercises.nb03 import check_exposed_time, exposed_time
-from course_lib.notebooks.exercises.nb04 import check_ddp_all_reduces, ddp_all_reduces
+from course_lib.notebooks.exercises.nb04 import (
+    MemoryHookState,
+    check_ddp_all_reduces,
+    check_memory_hook,
+    ddp_all_reduces,
+)
 from course_lib.notebooks.exercises.nb05 import (
     ZERO2_RULES,
     ZERO2_SHAPES,
@@ -89,6 +94,8 @@ __all__ = [
     "halving_inputs",
     "ring_shift_expected",
     "check_ddp_all_reduces",
+    "check_memory_hook",
+    "MemoryHookState",
     "check_exposed_time",
     "ddp_all_reduces",
     "exposed_time",
