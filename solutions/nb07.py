@@ -4,6 +4,8 @@ import math
 
 import torch
 
+from course_lib.lowrank import orthogonalize_
+
 
 def my_mean_and_own_buffer(grads, compress):
     errors = [torch.zeros_like(g) for g in grads[0]]
@@ -42,3 +44,23 @@ def my_memory_per_rank(shapes, r, min_compression_rate, use_error_feedback, warm
             if (n + m) * rank * min_compression_rate < n * m:  # compressed: its Q (m x rank) is kept
                 total += m * rank
     return total
+
+
+def my_alternating_powersgd(grads, p0, q0):
+    """One factor a step, from the other one of the step before, Gram-Schmidt-orthonormalized; each
+    worker's error buffer added before and refilled after."""
+    P, Q = p0.clone(), q0.clone()
+    buffers = [torch.zeros_like(g) for g in grads[0]]
+    out = []
+    for t, step in enumerate(grads):
+        corrected = [b + g for b, g in zip(buffers, step)]
+        if t % 2 == 0:  # send Q
+            orthogonalize_(P)
+            Q = sum(c.T @ P for c in corrected) / len(corrected)
+        else:  # send P
+            orthogonalize_(Q)
+            P = sum(c @ Q for c in corrected) / len(corrected)
+        approx = P @ Q.T
+        buffers = [c - approx for c in corrected]
+        out.append(approx)
+    return out

@@ -29,6 +29,7 @@ ONE_PROCESS = [
     ("check_mean_and_own_buffer", lambda grads, compress: nb07._mean_and_own_buffer(grads, compress), REFUSED),
     ("check_numbers_per_step", lambda shapes, r, rate: powersgd.numbers_per_step(shapes, r, rate), REFUSED),
     ("check_memory_per_rank", lambda *a: nb07._memory_per_rank(*a), REFUSED),
+    ("check_alternating_powersgd", lambda *a: nb07._alternating(*a), REFUSED),
     ("check_stochastic_rounding", lambda x, levels, u: ex.nb09._stochastic_round(x, levels, u), REFUSED),
     ("check_dgc_step", lambda g, u, v, m, k: ex.nb09._dgc_step(g, u, v, m, k), REFUSED),
     ("check_outer_step", lambda *a: _torch_outer_step(*a), "torch.optim.SGD"),

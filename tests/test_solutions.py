@@ -34,6 +34,7 @@ ANSWERS = [
     (ex.check_smallest_rank, nb06.my_smallest_rank),
     (ex.check_pq_singular_values, nb06.my_pq_singular_values),
     (ex.check_mean_and_own_buffer, nb07.my_mean_and_own_buffer),
+    (ex.check_alternating_powersgd, nb07.my_alternating_powersgd),
     (ex.check_numbers_per_step, nb07.my_numbers_per_step),
     (ex.check_powersgd_hook, nb08.my_powersgd_hook),
     (ex.check_memory_per_rank, nb07.my_memory_per_rank),
@@ -123,6 +124,43 @@ def _rank1_error_converged(s, c, k):
 def _smallest_rank_unsquared(M, max_error):
     s = torch.linalg.svdvals(M.double())  # singular values summed, not their squares
     return next(r for r in range(1, len(s) + 1) if (s[r:].sum() / s.sum()).item() <= max_error)
+
+
+def _alternating(grads, p0, q0, both=False, feedback=True, orthogonalize_out=False):
+    """Notebook 07's alternating PowerSGD, wrong three ways (see the near misses)."""
+    P, Q = p0.clone(), q0.clone()
+    buffers = [torch.zeros_like(g) for g in grads[0]]
+    out = []
+    for t, step in enumerate(grads):
+        corrected = [b + g for b, g in zip(buffers, step)] if feedback else list(step)
+        if both:  # the layer-wise hook's step: P from the last Q, then Q from the new P, two all-reduces
+            P = sum(c @ torch.linalg.qr(Q).Q for c in corrected) / len(corrected)
+            P = torch.linalg.qr(P).Q
+            Q = sum(c.T @ P for c in corrected) / len(corrected)
+        elif t % 2 == 0:
+            P = P if orthogonalize_out else torch.linalg.qr(P).Q
+            Q = sum(c.T @ P for c in corrected) / len(corrected)
+            Q = torch.linalg.qr(Q).Q if orthogonalize_out else Q
+        else:
+            Q = Q if orthogonalize_out else torch.linalg.qr(Q).Q
+            P = sum(c @ Q for c in corrected) / len(corrected)
+            P = torch.linalg.qr(P).Q if orthogonalize_out else P
+        approx = P @ Q.T
+        buffers = [c - approx for c in corrected]
+        out.append(approx)
+    return out
+
+
+def _alternating_both_factors_each_step(grads, p0, q0):
+    return _alternating(grads, p0, q0, both=True)
+
+
+def _alternating_without_error_feedback(grads, p0, q0):
+    return _alternating(grads, p0, q0, feedback=False)
+
+
+def _alternating_orthogonalizing_the_average(grads, p0, q0):
+    return _alternating(grads, p0, q0, orthogonalize_out=True)
 
 
 def _ddp_all_reduces_without_the_first_bucket(sizes, cap_mb, steps, k, no_sync):
@@ -247,6 +285,9 @@ def _memory_vectors_never_compressed(shapes, r, rate, use_error_feedback, warm_s
 
 
 NEAR_MISSES = [
+    (ex.check_alternating_powersgd, _alternating_both_factors_each_step, "item 0"),
+    (ex.check_alternating_powersgd, _alternating_without_error_feedback, "item 1"),
+    (ex.check_alternating_powersgd, _alternating_orthogonalizing_the_average, "item 0"),
     (ex.check_ddp_all_reduces, _ddp_all_reduces_without_the_first_bucket, "case 0"),
     (ex.check_ddp_all_reduces, _ddp_all_reduces_cap_for_every_bucket, "case 0"),
     (ex.check_ddp_all_reduces,

@@ -54,7 +54,12 @@ from course_lib.notebooks.exercises.nb06 import (
     check_smallest_rank,
     check_stable_orthogonalize,
 )
-from course_lib.notebooks.exercises.nb07 import check_mean_and_own_buffer, check_memory_per_rank, check_numbers_per_step
+from course_lib.notebooks.exercises.nb07 import (
+    check_alternating_powersgd,
+    check_mean_and_own_buffer,
+    check_memory_per_rank,
+    check_numbers_per_step,
+)
 from course_lib.notebooks.exercises.nb08 import PowerSGDHookState, check_powersgd_hook
 from course_lib.notebooks.exercises.nb09 import (
     check_dgc_step,
@@ -113,6 +118,7 @@ __all__ = [
     "check_smallest_rank",
     "check_stable_orthogonalize",
     "check_mean_and_own_buffer",
+    "check_alternating_powersgd",
     "check_memory_per_rank",
     "check_numbers_per_step",
     "PowerSGDHookState",

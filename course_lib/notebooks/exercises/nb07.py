@@ -85,3 +85,56 @@ def check_memory_per_rank(student_fn) -> bool:
              (conv, 2, 2, True, True), (conv, 8, 2, False, True), (mlp512, 2, 0, False, True),
              (mlp512, 2, 2, False, False)]
     return check(student_fn, _memory_per_rank, cases, name=_name(student_fn, "memory_per_rank"))
+
+
+def _orthonormal(X: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.qr(X).Q
+
+
+def _alternating(grads, p0: torch.Tensor, q0: torch.Tensor) -> list[torch.Tensor]:
+    """The reference: the PowerSGD authors' alternating scheme (epfml/powersgd, ``BasicPowerSGD``), one
+    matrix, the workers simulated in one process. Each step adds the worker's error to its gradient
+    (M); even steps orthogonalize P and average Q = Mᵀ P, odd steps orthogonalize Q and average P = M Q
+    (one all-reduce a step); every worker applies P Qᵀ and keeps M − P Qᵀ as its error."""
+    P, Q = p0.clone(), q0.clone()
+    errors = [torch.zeros_like(g) for g in grads[0]]
+    applied = []
+    for t, step in enumerate(grads):
+        M = [e + g for e, g in zip(errors, step)]
+        if t % 2 == 0:
+            P = _orthonormal(P)
+            Q = torch.stack([m.T @ P for m in M]).mean(0)
+        else:
+            Q = _orthonormal(Q)
+            P = torch.stack([m @ Q for m in M]).mean(0)
+        approximation = P @ Q.T
+        errors = [m - approximation for m in M]
+        applied.append(approximation)
+    return applied
+
+
+def alternating_cases() -> list[tuple]:
+    """``(grads, p0, q0)``: 2 and 3 workers, 6 steps, n x m matrices at ranks 1 and 2, float64; one case
+    with a gradient that does not change from step to step (the approximation should close in on it)."""
+    g = torch.Generator().manual_seed(11)
+    cases = []
+    for workers, (n, m), r in ((2, (6, 5), 2), (3, (8, 3), 1), (2, (4, 7), 2)):
+        grads = [[torch.randn(n, m, generator=g, dtype=torch.float64) for _ in range(workers)] for _ in range(6)]
+        cases.append((grads, torch.randn(n, r, generator=g, dtype=torch.float64),
+                      torch.randn(m, r, generator=g, dtype=torch.float64)))
+    fixed = [torch.randn(5, 4, generator=g, dtype=torch.float64) for _ in range(2)]
+    cases.append(([fixed] * 6, torch.randn(5, 1, generator=g, dtype=torch.float64),
+                  torch.randn(4, 1, generator=g, dtype=torch.float64)))
+    return cases
+
+
+def check_alternating_powersgd(student_fn) -> bool:
+    """``student_fn(grads, p0, q0)``: the PowerSGD authors' alternating scheme, in one process: ``grads[t][i]``
+    is worker i's gradient (an n x m matrix) at step t, ``p0`` (n x r) and ``q0`` (m x r) the starting
+    factors. Returns, per step, the n x m approximation every worker applies. One all-reduce a step: even
+    steps send Q, odd steps P, each computed from the other factor of the step before (orthonormalized), on
+    each worker's gradient plus its error-feedback buffer, which then keeps what the approximation left
+    out. Compared step by step with the reference (any orthonormalization: the products do not depend on
+    the columns' signs)."""
+    return check(student_fn, _alternating, alternating_cases(), name=_name(student_fn, "alternating_powersgd"),
+                 rtol=1e-7, atol=1e-9)
