@@ -12,6 +12,7 @@ the *global* token count.
 
 import contextlib
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -181,8 +182,10 @@ def _quiet_stderr():
     """Send this process's stderr (file descriptor 2) to /dev/null for the block.
 
     torch's profiler writes a line to stderr each time it starts and stops; in a worker those lines
-    would land in the notebook under the cell, with a time stamp that differs at every run.
+    would land in the notebook under the cell, with a time stamp that differs at every run (gloo's logs
+    of a failed collective too: notebook 04).
     """
+    sys.stderr.flush()
     saved = os.dup(2)
     try:
         with open(os.devnull, "w") as devnull:

@@ -16,11 +16,8 @@ Each worker below is started with :func:`course_lib.launch.spawn` on gloo, as th
 
 from __future__ import annotations
 
-import contextlib
 import datetime
-import os
 import re
-import sys
 import time
 from types import SimpleNamespace
 
@@ -31,6 +28,7 @@ from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile
 
+from course_lib.accumulation import _quiet_stderr  # (gloo's and the profiler's C++ logs, timestamped)
 from course_lib.data_parallel import DataParallelBucket
 from course_lib.utils.digits import batch_slice, digits_tensors, mlp
 
@@ -70,22 +68,6 @@ def late_ranks(rank: int, world_size: int, late: tuple = (2,), timeout_s: float 
     except Exception as exc:  # noqa: BLE001 - shown, not handled
         return f"{type(exc).__name__}: {first_line(str(exc))}"
     return "passed the barrier"
-
-
-@contextlib.contextmanager
-def _quiet_stderr():
-    """This process's standard error, file descriptor 2 itself, sent to /dev/null while inside: what gloo's
-    and the profiler's C++ code log there (timestamped lines, in whichever order the processes write
-    them) would otherwise land in the notebook's output, which differs from run to run."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
 
 
 def _seconds(s: float) -> datetime.timedelta:
