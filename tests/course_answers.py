@@ -63,13 +63,13 @@ def topk_average_of_whole_tensors(tensor, k):
 _STATE = {}
 
 
-def powersgd_hook(state, bucket):
-    """The course's own hook, with a state of its own kind (made at the first call, alike on every rank)."""
+def batched_powersgd_hook(state, bucket):
+    """The course's batched hook, with a state of its own kind (made at the first call, alike on every rank)."""
     if "course" not in _STATE:
         _STATE["course"] = powersgd.PowerSGDState(matrix_approximation_rank=state.matrix_approximation_rank,
                                                   start_powerSGD_iter=2)
         _STATE["course"].iter = 2
-    return powersgd.powerSGD_hook(_STATE["course"], bucket)
+    return powersgd.batched_powerSGD_hook(_STATE["course"], bucket)
 
 
 _KEYS = {}
@@ -85,6 +85,22 @@ def memory_hook_by_parameter_keys(state, bucket):
     def keep(fut):
         averaged, offset = fut.value()[0], 0
         for p, (_, numel) in zip(bucket.parameters(), layout):
+            state.memory[p] = state.memory.get(p, 0) + averaged[offset:offset + numel].view_as(p).clone()
+            offset += numel
+        return averaged
+
+    return fut.then(keep)
+
+
+def memory_hook_by_parameter_keys_in_the_callback(state, bucket):
+    """The same, with the course's keys called only in the callback, which runs later on gloo's thread."""
+    buffer = bucket.buffer().div_(dist.get_world_size())
+    fut = dist.all_reduce(buffer, async_op=True).get_future()
+
+    def keep(fut):
+        keys = _KEYS.setdefault("keys", memory.ParameterKeys())
+        averaged, offset = fut.value()[0], 0
+        for p, (_, numel) in zip(bucket.parameters(), keys.layout(bucket.parameters())):
             state.memory[p] = state.memory.get(p, 0) + averaged[offset:offset + numel].view_as(p).clone()
             offset += numel
         return averaged

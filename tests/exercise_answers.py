@@ -293,54 +293,78 @@ def topk_average_overwriting(tensor, k):
     return out / p
 
 
-# --- notebook 08: a PowerSGD communication hook ------------------------------------------------------
+# --- notebook 08: a batched PowerSGD hook ------------------------------------------------------------
 
 
-def _powersgd_hook(state, bucket, error_feedback=True, orthogonalize=True, all_reduce_q=True):
-    # solutions/nb08.py's hook, with one step left out at a time
+def _batched_hook(state, bucket, error_feedback=True, divide=True, all_reduce_q=True, shape=None, fresh_q=None):
+    # solutions/nb08.py's hook, with one thing changed at a time
+    import math
+
     from course_lib import hooks
     from course_lib.lowrank import orthogonalize_
 
-    ortho = orthogonalize_ if orthogonalize else (lambda t: t)
-    r, world_size, buffer, key = state.matrix_approximation_rank, dist.get_world_size(), bucket.buffer(), bucket.index()
-    if error_feedback and key in state.error_dict:
-        buffer += state.error_dict[key]
-    wanted = buffer.clone()
-    grads = bucket.gradients()
-    matrices, vectors = [g for g in grads if g.dim() == 2], [g for g in grads if g.dim() != 2]
-    if key not in state.q_memory_dict:
-        state.q_memory_dict[key] = state.fresh_qs([(M.shape[1], r) for M in matrices])
-    ps = [M @ ortho(q) for M, q in zip(matrices, state.q_memory_dict[key])]
-    for t in ps + vectors:
-        dist.all_reduce(t)
-    for v in vectors:
-        v /= world_size
-    qs = [M.T @ ortho(p) for M, p in zip(matrices, ps)]
-    for q in qs:
-        if all_reduce_q:
-            dist.all_reduce(q)
+    buffer, key, world_size = bucket.buffer(), bucket.index(), dist.get_world_size()
+    n = buffer.numel()
+    rows = math.ceil(math.sqrt(n)) if shape is None else shape(n)
+    cols = math.ceil(n / rows)
+    r = min(state.matrix_approximation_rank, rows, cols)
+    error, q = state.memory.get(key, (torch.zeros_like(buffer), None))
+    wanted = buffer + error if error_feedback else buffer.clone()
+    matrix = torch.zeros(rows * cols)
+    matrix[:n] = wanted
+    matrix = matrix.view(rows, cols)
+    if q is None:
+        q = state.fresh_q(cols, r) if fresh_q is None else fresh_q(cols, r)
+    p = matrix @ orthogonalize_(q)
+    dist.all_reduce(p)
+    orthogonalize_(p)
+    q = matrix.T @ p
+    if all_reduce_q:
+        dist.all_reduce(q)
+        if divide:
             q /= world_size
-    for M, p, q in zip(matrices, ps, qs):
-        M.copy_(p @ q.T)
-    state.q_memory_dict[key] = qs
-    state.error_dict[key] = wanted - buffer
+    else:
+        dist.all_reduce(torch.zeros(1))  # the same collectives, but each rank keeps its own Q
+    received = (p @ q.T).flatten()[:n]
+    buffer.copy_(received)
+    state.memory[key] = (wanted - received, q)
     return hooks.completed_future(buffer)
 
 
-def powersgd_hook_without_error_feedback(state, bucket):
-    return _powersgd_hook(state, bucket, error_feedback=False)
+def batched_hook_without_error_feedback(state, bucket):
+    return _batched_hook(state, bucket, error_feedback=False)
 
 
-def powersgd_hook_without_orthogonalizing(state, bucket):
-    return _powersgd_hook(state, bucket, orthogonalize=False)
+def batched_hook_without_dividing(state, bucket):
+    return _batched_hook(state, bucket, divide=False)
 
 
-def powersgd_hook_all_reducing_only_p(state, bucket):
-    return _powersgd_hook(state, bucket, all_reduce_q=False)  # each rank keeps its own Q: the ranks drift apart
+def batched_hook_with_its_own_q(state, bucket):
+    return _batched_hook(state, bucket, all_reduce_q=False)
 
 
-def powersgd_hook_one_all_reduce_per_tensor(state, bucket):
-    return _powersgd_hook(state, bucket)  # right: P's summed one by one, vectors averaged one by one
+def batched_hook_two_columns(state, bucket):
+    return _batched_hook(state, bucket, shape=lambda n: (n + 1) // 2)  # an n/2 x 2 matrix: no compression
+
+
+def batched_hook_with_q_of_its_own_draw(state, bucket):
+    g = torch.Generator().manual_seed(dist.get_rank())  # a different first Q on each rank
+    return _batched_hook(state, bucket, fresh_q=lambda rows, cols: torch.randn(rows, cols, generator=g))
+
+
+def batched_hook_layer_by_layer(state, bucket):
+    from course_lib import hooks
+    # a right answer to notebook 07's exercise, not this one: one P and one Q all-reduce per tensor
+    for t in bucket.gradients():
+        dist.all_reduce(t)
+        t /= dist.get_world_size()
+    return hooks.completed_future(bucket.buffer())
+
+
+def batched_hook_without_warm_start(state, bucket):
+    # right: warm start helps, but a fresh Q at every step is still PowerSGD with error feedback
+    state.memory = {k: (e, None) for k, (e, _) in state.memory.items()}
+    return _batched_hook(state, bucket)
 
 
 # notebook 04's memory hook, wrong four ways: a memory that does not follow its parameters through DDP's

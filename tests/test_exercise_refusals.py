@@ -49,8 +49,9 @@ IN_PROCESSES = [
     ("check_zero2_gradient", answers.zero2_gradient, "may not"),
     ("check_topk_average", answers.topk_average, REFUSED),
     ("check_topk_average", answers.topk_average_of_whole_tensors, "top-k sends"),
-    ("check_powersgd_hook", answers.powersgd_hook, "powerSGD_hook"),
+    ("check_batched_hook", answers.batched_powersgd_hook, "batched_powerSGD_hook"),
     ("check_memory_hook", answers.memory_hook_by_parameter_keys, "memory.ParameterKeys"),
+    ("check_memory_hook", answers.memory_hook_by_parameter_keys_in_the_callback, "memory.ParameterKeys"),
 ]
 
 
@@ -111,3 +112,23 @@ def test_a_helper_the_exercise_allows_is_not_refused(capsys):
     assert ex.check_exposed_time(with_the_course_helpers)
     assert "[PASS]" in capsys.readouterr().out
     assert memory.ErrorFeedback().compensate("a", torch.ones(2)).tolist() == [1.0, 1.0]  # put back after the checks
+
+
+def test_a_callback_chained_while_watched_is_watched_on_the_thread_that_runs_it():
+    # a hook's `fut.then(callback)`: the callback runs when the collective completes, often on gloo's
+    # thread, after the hook (and its watch on this thread) has returned
+    import threading
+
+    from course_lib.notebooks.exercises.core import refused_calls
+
+    pending = torch.futures.Future()
+    with refused_calls([sharding.bytes_per_rank], "a hook", "refused"):
+        chained = pending.then(lambda done: sharding.bytes_per_rank(10, 1, 2))
+    other = threading.Thread(target=pending.set_result, args=(None,))
+    other.start()
+    other.join()
+    with pytest.raises(Exception, match="may not call"):
+        chained.wait()
+    # and once every watch has ended, `then` is torch's own again
+    from course_lib.notebooks.exercises import core
+    assert torch._C.Future.then is core._THEN["original"] and not core._THEN["watches"]

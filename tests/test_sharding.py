@@ -150,6 +150,23 @@ def test_ledger_with_each_unit_padded_is_the_arithmetic_with_unit_sizes():
             assert ledger != sharding.bytes_per_rank(sum(units), stage, world_size, tensors=len(units))
 
 
+def test_fsdp2_in_bf16_gathers_each_unit_at_half_the_bytes_and_keeps_fp32_shards():
+    from course_lib.notebooks import sharding_runs
+
+    units = [sum(p.numel() for p in layer.parameters())
+             for layer in sharding_runs.layers(sharding_runs.notebook_model())]
+    shard = sum(math.ceil(p.shape[0] / 2) * p[0].numel() for p in sharding_runs.notebook_model().parameters())
+    for rank, out in enumerate(spawn(sharding_runs.mixed_precision_units, 2, backend="gloo", timeout_s=120)):
+        fp32, bf16 = out["float32"], out["bf16 params"]
+        assert (fp32["gathered_dtype"], bf16["gathered_dtype"]) == ("float32", "bfloat16")
+        assert fp32["largest_gathered_bytes"] == 4 * max(units) and bf16["largest_gathered_bytes"] == 2 * max(units)
+        # the shards Adam steps, and the gradients, stay float32 in both (rank 0 holds the larger half of odd rows)
+        assert fp32["shard_dtype"] == bf16["shard_dtype"] == fp32["grad_dtype"] == bf16["grad_dtype"] == "float32"
+        assert fp32["shard_bytes"] == bf16["shard_bytes"]
+        if rank == 0:
+            assert fp32["shard_bytes"] == 4 * shard
+
+
 def test_stage_3_gathers_before_each_use_and_prefetch_issues_the_next_gather_before_computing():
     runs = spawn(W.every_stage, 2, [(3, False), (3, True)], 1, backend="gloo")[0]
     for prefetch, run in zip((False, True), runs):

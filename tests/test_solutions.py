@@ -36,7 +36,7 @@ ANSWERS = [
     (ex.check_mean_and_own_buffer, nb07.my_mean_and_own_buffer),
     (ex.check_alternating_powersgd, nb07.my_alternating_powersgd),
     (ex.check_numbers_per_step, nb07.my_numbers_per_step),
-    (ex.check_powersgd_hook, nb08.my_powersgd_hook),
+    (ex.check_batched_hook, nb08.my_batched_hook),
     (ex.check_memory_per_rank, nb07.my_memory_per_rank),
     (ex.check_topk_average, nb09.topk_average),
     (ex.check_stochastic_rounding, nb09.my_stochastic_round),
@@ -64,7 +64,7 @@ def _stub(*args):
 
 
 DISTRIBUTED = (ex.check_sum_of_squares, ex.check_elementwise_max, ex.check_ddp_token_step, ex.check_ring_shift,
-               ex.check_recursive_doubling, ex.check_recursive_halving, ex.check_topk_average, ex.check_powersgd_hook,
+               ex.check_recursive_doubling, ex.check_recursive_halving, ex.check_topk_average, ex.check_batched_hook,
                ex.check_zero2_gradient, ex.check_memory_hook)
 
 
@@ -401,9 +401,11 @@ DISTRIBUTED_NEAR_MISSES = [
     (ex.check_memory_hook, A.memory_hook_keyed_by_name_string, "has no entry for parameter"),
     (ex.check_memory_hook, A.memory_hook_without_dividing, "is not the average over the ranks"),
     (ex.check_memory_hook, A.memory_hook_without_communicating, "is not the average over the ranks"),
-    (ex.check_powersgd_hook, A.powersgd_hook_without_error_feedback, "after step 3 (compressed step 2) differ"),
-    (ex.check_powersgd_hook, A.powersgd_hook_without_orthogonalizing, "after step 2 (compressed step 1) differ"),
-    (ex.check_powersgd_hook, A.powersgd_hook_all_reducing_only_p, "after step 2 (compressed step 1) differ"),
+    (ex.check_batched_hook, A.batched_hook_without_error_feedback, "the mean of what the hook returned is"),
+    (ex.check_batched_hook, A.batched_hook_without_dividing, "the mean of what the hook returned is"),
+    (ex.check_batched_hook, A.batched_hook_with_its_own_q, "rank 1's gradient differs from rank 0's"),
+    (ex.check_batched_hook, A.batched_hook_two_columns, "a near-square matrix at rank 2 needs at most"),
+    (ex.check_batched_hook, A.batched_hook_layer_by_layer, "one P and one Q per bucket"),
 ]
 
 
@@ -420,7 +422,8 @@ OTHER_RIGHT_ANSWERS = [
     (ex.check_sum_of_squares, A.sum_of_squares_by_imported_all_reduce),  # still one collective
     (ex.check_ring_shift, A.ring_shift_by_batch_isend_irecv),
     (ex.check_recursive_doubling, A.recursive_doubling_by_blocking_send_recv),
-    (ex.check_powersgd_hook, A.powersgd_hook_one_all_reduce_per_tensor),  # P summed and vectors averaged one by one
+    (ex.check_batched_hook, A.batched_hook_without_warm_start),  # a fresh Q at every step: slower, still right
+    (ex.check_batched_hook, A.batched_hook_with_q_of_its_own_draw),  # P sums M_i Q_i: still the average, projected
 ]
 
 

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -134,6 +134,40 @@ def every_stage(rank: int, world_size: int) -> dict:
     rows["torch fully_shard"] = {"ledger": None, "max_diff": _max_diff(whole, want), "sent": None, "tensors": None,
                                  "shard_numel": sum(p.to_local().numel() for p in fsdp.parameters())}
     return rows
+
+
+def mixed_precision_units(rank: int, world_size: int) -> dict:
+    """torch's FSDP2 on the notebook's model (``fully_shard`` on each layer and the root), in float32 and
+    with ``MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)``, one step of
+    Adam each. Measured, per policy: the dtype and bytes of each unit's parameters gathered whole (seen
+    by a forward pre-hook, inside the step), of this rank's shards (the optimizer's copy, between
+    steps) and of the gradient shards after backward."""
+    x, y = _batch(rank, world_size, 0)
+    out = {}
+    for name, policy in (("float32", MixedPrecisionPolicy()),
+                         ("bf16 params", MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))):
+        model = notebook_model()
+        gathered = []
+
+        def seen(module, args, gathered=gathered):
+            params = list(module.parameters(recurse=False))
+            whole = sum(p.numel() * p.element_size() for p in params)
+            gathered.append((str(params[0].dtype).removeprefix("torch."), whole))
+
+        for layer in layers(model):
+            fully_shard(layer, mp_policy=policy)
+            layer.register_forward_pre_hook(seen)
+        fully_shard(model, mp_policy=policy)
+        opt = torch.optim.Adam(model.parameters(), lr=LR)
+        F.cross_entropy(model(x), y).backward()
+        grads = [p.grad.to_local() for p in model.parameters()]
+        opt.step()
+        shards = [p.to_local() for p in model.parameters()]
+        out[name] = {"gathered_dtype": gathered[0][0], "largest_gathered_bytes": max(b for _, b in gathered),
+                     "shard_dtype": str(shards[0].dtype).removeprefix("torch."),
+                     "shard_bytes": sum(t.numel() * t.element_size() for t in shards),
+                     "grad_dtype": str(grads[0].dtype).removeprefix("torch.")}
+    return out
 
 
 def prefetch_runs(rank: int, world_size: int, hidden: int = 1024, depth: int = 3, batch_size: int = 256,

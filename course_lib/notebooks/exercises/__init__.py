@@ -60,7 +60,7 @@ from course_lib.notebooks.exercises.nb07 import (
     check_memory_per_rank,
     check_numbers_per_step,
 )
-from course_lib.notebooks.exercises.nb08 import PowerSGDHookState, check_powersgd_hook
+from course_lib.notebooks.exercises.nb08 import BatchedHookState, check_batched_hook
 from course_lib.notebooks.exercises.nb09 import (
     check_dgc_step,
     check_stochastic_rounding,
@@ -121,8 +121,8 @@ __all__ = [
     "check_alternating_powersgd",
     "check_memory_per_rank",
     "check_numbers_per_step",
-    "PowerSGDHookState",
-    "check_powersgd_hook",
+    "BatchedHookState",
+    "check_batched_hook",
     "check_dgc_step",
     "check_stochastic_rounding",
     "check_topk_average",

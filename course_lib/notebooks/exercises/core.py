@@ -12,6 +12,7 @@ import inspect
 import math
 import pickle
 import sys
+import threading
 import traceback
 from dataclasses import dataclass
 
@@ -105,6 +106,8 @@ class refused_calls:
     a bound method), raises :class:`NotAllowed`: the course's own answer to an exercise is refused by
     the check that asks for it. It watches Python calls through ``sys.setprofile`` (this thread only)
     and compares code objects, so only these functions are refused, and what they would call is not.
+    A callback chained with ``Future.then`` while the watch is on runs later on another thread (a
+    communication hook's, on gloo's): it is watched there too.
     """
 
     def __init__(self, functions, who: str, why: str):
@@ -114,15 +117,57 @@ class refused_calls:
         if event == "call" and frame.f_code in self.codes:
             raise NotAllowed(f"{self.who} may not call {self.codes[frame.f_code]}: {self.why}")
 
+    def _again(self) -> refused_calls:  # the same watch, for another thread (each keeps its own profile)
+        again = object.__new__(refused_calls)
+        again.codes, again.who, again.why = self.codes, self.who, self.why
+        return again
+
     def __enter__(self):
         self._before = sys.getprofile()
         if self.codes:
             sys.setprofile(self._watch)
+            _watch_then(self)
         return self
 
     def __exit__(self, *exc):
         sys.setprofile(self._before)
+        if self.codes:
+            _unwatch_then(self)
         return False
+
+
+# Future.then, while a refused_calls is on (on any thread): the callback is run inside the same watch.
+# torch's futures are one pybind class whose `then` is looked up on the class, so it is replaced there
+# and put back when the last watch ends.
+_THEN = {"watches": [], "original": None}
+_THEN_LOCK = threading.Lock()
+
+
+def _watch_then(watch: refused_calls) -> None:
+    with _THEN_LOCK:
+        if not _THEN["watches"]:
+            original = _THEN["original"] = torch._C.Future.then
+
+            def then(future, callback):
+                with _THEN_LOCK:
+                    current = _THEN["watches"][-1] if _THEN["watches"] else None
+                if current is None:
+                    return original(future, callback)
+
+                def watched(done):
+                    with current._again():
+                        return callback(done)
+                return original(future, watched)
+
+            torch._C.Future.then = then
+        _THEN["watches"].append(watch)
+
+
+def _unwatch_then(watch: refused_calls) -> None:
+    with _THEN_LOCK:
+        _THEN["watches"].remove(watch)
+        if not _THEN["watches"]:
+            torch._C.Future.then = _THEN["original"]
 
 
 _COURSE_ANSWER = "it computes this exercise's answer; write it yourself (the check compares yours with it)"
