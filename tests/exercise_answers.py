@@ -296,7 +296,8 @@ def topk_average_overwriting(tensor, k):
 # --- notebook 08: a batched PowerSGD hook ------------------------------------------------------------
 
 
-def _batched_hook(state, bucket, error_feedback=True, divide=True, all_reduce_q=True, shape=None, fresh_q=None):
+def _batched_hook(state, bucket, error_feedback=True, divide=True, all_reduce_q=True, shape=None, fresh_q=None,
+                  orthogonalize_p=True, divide_by=1, own_error=False):
     # solutions/nb08.py's hook, with one thing changed at a time
     import math
 
@@ -317,17 +318,21 @@ def _batched_hook(state, bucket, error_feedback=True, divide=True, all_reduce_q=
         q = state.fresh_q(cols, r) if fresh_q is None else fresh_q(cols, r)
     p = matrix @ orthogonalize_(q)
     dist.all_reduce(p)
-    orthogonalize_(p)
+    if orthogonalize_p:
+        orthogonalize_(p)
+    else:
+        p /= p.norm()  # normalized, its columns not made orthogonal
+    own = p @ (matrix.T @ p).T  # this rank's own matrix, projected
     q = matrix.T @ p
     if all_reduce_q:
         dist.all_reduce(q)
         if divide:
-            q /= world_size
+            q /= world_size * divide_by
     else:
         dist.all_reduce(torch.zeros(1))  # the same collectives, but each rank keeps its own Q
     received = (p @ q.T).flatten()[:n]
     buffer.copy_(received)
-    state.memory[key] = (wanted - received, q)
+    state.memory[key] = ((wanted - own.flatten()[:n]) if own_error else (wanted - received), q)
     return hooks.completed_future(buffer)
 
 
@@ -359,6 +364,43 @@ def batched_hook_layer_by_layer(state, bucket):
         dist.all_reduce(t)
         t /= dist.get_world_size()
     return hooks.completed_future(bucket.buffer())
+
+
+def batched_hook_dividing_q_twice(state, bucket):
+    return _batched_hook(state, bucket, divide_by=2)  # half the approximation, every step
+
+
+def batched_hook_normalizing_p(state, bucket):
+    return _batched_hook(state, bucket, orthogonalize_p=False)
+
+
+def batched_hook_round_robin(state, bucket):
+    """Not low-rank at all: a rotating block of the corrected gradient, within the budget, with error feedback."""
+    import math
+
+    from course_lib import hooks
+
+    buffer, key, world_size = bucket.buffer(), bucket.index(), dist.get_world_size()
+    n = buffer.numel()
+    k = 2 * math.ceil(math.sqrt(n))
+    error, t = state.memory.get(key, (torch.zeros_like(buffer), 0))
+    wanted = buffer + error
+    index = torch.arange(t * 2 * k, (t + 1) * 2 * k) % n
+    first, second = wanted[index[:k]].clone(), wanted[index[k:]].clone()
+    dist.all_reduce(first)
+    dist.all_reduce(second)
+    sent = torch.zeros_like(buffer)
+    sent[index[:k]], sent[index[k:]] = first / world_size, second / world_size
+    own = torch.zeros_like(buffer)
+    own[index] = wanted[index]
+    state.memory[key] = (wanted - own, t + 1)
+    buffer.copy_(sent)
+    return hooks.completed_future(buffer)
+
+
+def batched_hook_with_its_own_error(state, bucket):
+    # right: each rank keeps what its own matrix lost (EF-SGD's form); the ranks' mean memory is the same
+    return _batched_hook(state, bucket, own_error=True)
 
 
 def batched_hook_without_warm_start(state, bucket):

@@ -401,11 +401,14 @@ DISTRIBUTED_NEAR_MISSES = [
     (ex.check_memory_hook, A.memory_hook_keyed_by_name_string, "has no entry for parameter"),
     (ex.check_memory_hook, A.memory_hook_without_dividing, "is not the average over the ranks"),
     (ex.check_memory_hook, A.memory_hook_without_communicating, "is not the average over the ranks"),
-    (ex.check_batched_hook, A.batched_hook_without_error_feedback, "the mean of what the hook returned is"),
-    (ex.check_batched_hook, A.batched_hook_without_dividing, "the mean of what the hook returned is"),
+    (ex.check_batched_hook, A.batched_hook_without_error_feedback, "is error feedback missing?"),
+    (ex.check_batched_hook, A.batched_hook_without_dividing, "is not a projection of the ranks' mean corrected"),
+    (ex.check_batched_hook, A.batched_hook_dividing_q_twice, "is not a projection of the ranks' mean corrected"),
+    (ex.check_batched_hook, A.batched_hook_normalizing_p, "is not a projection of the ranks' mean corrected"),
     (ex.check_batched_hook, A.batched_hook_with_its_own_q, "rank 1's gradient differs from rank 0's"),
     (ex.check_batched_hook, A.batched_hook_two_columns, "a near-square matrix at rank 2 needs at most"),
-    (ex.check_batched_hook, A.batched_hook_layer_by_layer, "one P and one Q per bucket"),
+    (ex.check_batched_hook, A.batched_hook_layer_by_layer, "a near-square matrix at rank 2 needs at most"),
+    (ex.check_batched_hook, A.batched_hook_round_robin, "is not of rank 2 or less"),
 ]
 
 
@@ -424,6 +427,7 @@ OTHER_RIGHT_ANSWERS = [
     (ex.check_recursive_doubling, A.recursive_doubling_by_blocking_send_recv),
     (ex.check_batched_hook, A.batched_hook_without_warm_start),  # a fresh Q at every step: slower, still right
     (ex.check_batched_hook, A.batched_hook_with_q_of_its_own_draw),  # P sums M_i Q_i: still the average, projected
+    (ex.check_batched_hook, A.batched_hook_with_its_own_error),  # EF-SGD's per-rank memory: the same mean
 ]
 
 
