@@ -24,6 +24,8 @@ import threading
 import torch
 import torch.distributed as dist
 
+from course_lib.utils.per_rank import PerRank
+
 __all__ = [
     "naive_all_reduce", "tree_broadcast", "tree_reduce", "ring_all_reduce", "ring_shift",
     "blocking_ring_shift", "ring_reduce_scatter", "ring_all_gather", "reduce_scatter", "sent",
@@ -48,7 +50,7 @@ class Sent:
             self.bytes += tensor.numel() * tensor.element_size()
 
 
-sent = Sent()
+sent = PerRank(Sent)  # one per process; one per rank in a simulation (course_lib.simulated)
 
 
 def _rank_size(group):

@@ -26,6 +26,8 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
+from course_lib.utils.per_rank import PerRank
+
 __all__ = [
     "traffic",
     "Collective",
@@ -72,7 +74,7 @@ class Traffic:
         return {"collectives": self.collectives, "bytes": self.bytes}
 
 
-traffic = Traffic()
+traffic = PerRank(Traffic)  # one per process; one per rank in a simulation (course_lib.simulated)
 
 
 class Collective(NamedTuple):

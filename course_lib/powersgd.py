@@ -62,6 +62,7 @@ from course_lib import hooks
 from course_lib.lowrank import orthogonalize_, power_step_p, power_step_qt
 from course_lib.memory import ErrorFeedback, ParameterKeys
 from course_lib.utils import checks
+from course_lib.utils.rng import global_generator
 
 __all__ = [
     "PowerSGDState",
@@ -286,7 +287,7 @@ def _check_finite(tensor: torch.Tensor, state: PowerSGDState, bucket) -> None:
 def _fresh_q(state: PowerSGDState, shapes, dtype, device) -> list[torch.Tensor]:
     # One seed per bucket and per draw, as torch: fork the CPU generator so training's own random
     # numbers are untouched, draw on the CPU (forking every GPU's generator is slow), then move.
-    with torch.random.fork_rng(devices=[]):
+    with global_generator, torch.random.fork_rng(devices=[]):
         torch.manual_seed(state.rng.randint(1_000_000_000))
         return [torch.randn(*shape, device="cpu", dtype=dtype).to(device) for shape in shapes]
 

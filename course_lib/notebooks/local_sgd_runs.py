@@ -167,8 +167,9 @@ def train(rank: int, world_size: int, method: str, period: int = 1, lr: float = 
 
     The model read out is the ranks' average (one more average at the end where the last step was not
     one). Returns the test accuracy (%), the bytes of parameters or gradients each rank handed to a
-    collective per step on average (``bytes_per_step``), and the bytes the course's ring sent from this
-    rank per step (``sent_per_step``, measured; not DDP's all-reduces, which are torch's)."""
+    collective per step on average (``bytes_per_step``), the bytes the course's ring sent from this
+    rank per step (``sent_per_step``, measured; not DDP's all-reduces, which are torch's), and the
+    parameters read out (``params``, flat)."""
     x, y, x_test, y_test = _data(seed)
     model = mlp(hidden=HIDDEN, depth=2, seed=seed)
     numel = sum(p.numel() for p in model.parameters())
@@ -215,7 +216,7 @@ def train(rank: int, world_size: int, method: str, period: int = 1, lr: float = 
         per_step = 4 * numel * (warmup + (steps - warmup) / period) / steps
     else:
         per_step = (2 if fp16 else 4) * numel / period
-    return {"accuracy": accuracy, "bytes_per_step": per_step, "sent_per_step": sent}
+    return {"accuracy": accuracy, "bytes_per_step": per_step, "sent_per_step": sent, "params": _flat(model)}
 
 
 def sweep(rank: int, world_size: int, configs: list[dict]) -> list[dict]:

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from course_lib.utils import checks
+from course_lib.utils.rng import global_generator
 
 __all__ = ["digits_tensors", "mlp", "batch_slice", "gradient_snapshots"]
 
@@ -60,14 +61,15 @@ def mlp(hidden: int = 64, depth: int = 2, seed: int = 0, n_in: int = 64, n_out: 
     """An ordinary ``nn.Sequential`` MLP with ``depth`` hidden layers, initialized from ``seed``."""
     for name, value, low in (("hidden", hidden, 1), ("depth", depth, 0), ("n_in", n_in, 1), ("n_out", n_out, 1)):
         checks.integer(name, value, low)
-    torch.manual_seed(seed)
-    layers: list[nn.Module] = []
-    width = n_in
-    for _ in range(depth):
-        layers += [nn.Linear(width, hidden), nn.ReLU()]
-        width = hidden
-    layers.append(nn.Linear(width, n_out))
-    return nn.Sequential(*layers)
+    with global_generator:  # the layers draw their weights from the global generator, seeded here
+        torch.manual_seed(seed)
+        layers: list[nn.Module] = []
+        width = n_in
+        for _ in range(depth):
+            layers += [nn.Linear(width, hidden), nn.ReLU()]
+            width = hidden
+        layers.append(nn.Linear(width, n_out))
+        return nn.Sequential(*layers)
 
 
 def batch_slice(step: int, batch_size: int, n: int, rank: int = 0, world_size: int = 1) -> slice:
