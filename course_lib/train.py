@@ -42,7 +42,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from course_lib import compression, compressors, hooks, memory, powersgd
 from course_lib.launch import init_from_env, report_progress, spawn, worker_device
 from course_lib.utils import checks
-from course_lib.utils.digits import batch_slice, digits_tensors, mlp
+from course_lib.utils.digits import batch_slice, digits_tensors, dirichlet_shards, mlp
 
 __all__ = ["HOOKS", "COMPRESSION_HOOKS", "TrainConfig", "TrainResult", "make_hook", "ddp_train", "train_several",
            "TrainingInParts", "main"]
@@ -68,6 +68,14 @@ class TrainConfig:
     # -- the optimizer and the run
     steps: int = 100
     batch_size: int = 64  # global: each of the world_size ranks takes batch_size / world_size of it
+    # how the training set is dealt to the ranks: "iid" (each rank a share of every shuffled batch) or
+    # "dirichlet" (each rank a shard of its own, its classes' shares drawn from Dirichlet(dirichlet_alpha):
+    # utils.digits.dirichlet_shards; each step a rank takes its next batch_size / world_size of its shard)
+    split: str = "iid"
+    dirichlet_alpha: float = 0.5
+    # a share of the training set held out (the same for every seed): scored as the validation set at each
+    # evaluation, to choose settings by, leaving the test set to report
+    validation_fraction: float = 0.0
     lr: float = 0.1
     momentum: float = 0.0
     seed: int = 0  # the model's initialization, the batch order and PowerSGD's random_seed
@@ -131,6 +139,13 @@ class TrainConfig:
         if self.hook == "dgc" and self.momentum and self.dgc_momentum:
             raise ValueError("dgc applies momentum inside the hook (momentum correction): train it with momentum=0, "
                              "or set dgc_momentum=0 to leave momentum to the optimizer")
+        if self.split not in ("iid", "dirichlet"):
+            raise ValueError(f"split must be 'iid' or 'dirichlet', got {self.split!r}")
+        if not (isinstance(self.dirichlet_alpha, (int, float)) and math.isfinite(self.dirichlet_alpha)
+                and self.dirichlet_alpha > 0):
+            raise ValueError(f"dirichlet_alpha must be a number > 0, got {self.dirichlet_alpha!r}")
+        if not (isinstance(self.validation_fraction, (int, float)) and 0 <= self.validation_fraction < 1):
+            raise ValueError(f"validation_fraction must be in [0, 1), got {self.validation_fraction!r}")
         if self.device not in ("auto", "cuda", "cpu"):
             raise ValueError(f"device must be 'auto', 'cuda' or 'cpu', got {self.device!r}")
         if self.device == "cuda" and not torch.cuda.is_available():
@@ -175,6 +190,7 @@ class TrainResult:
     test_step: list[int] = field(default_factory=list)  # the steps after which the test set was scored
     test_accuracy: list[float] = field(default_factory=list)
     test_loss: list[float] = field(default_factory=list)
+    validation_accuracy: list[float] = field(default_factory=list)  # with validation_fraction, at each test_step
     final_params: list[torch.Tensor] = field(default_factory=list)  # one tensor per parameter
     codec_s: list[float] = field(default_factory=list)  # compression hooks: encode + decode seconds of the step
     # when DDP called the hook with its first bucket, each step (time.perf_counter: on Linux one clock for
@@ -280,6 +296,9 @@ def _ddp_train(rank: int, world_size: int, config: TrainConfig, out: TrainResult
         torch.set_num_threads(c.threads)
     device = worker_device(c.device)
     x_train, y_train, x_test, y_test = _digits(c.n_in, device)
+    n_validation = round(len(x_train) * c.validation_fraction)
+    x_val, y_val = x_train[:n_validation], y_train[:n_validation]
+    x_train, y_train = x_train[n_validation:], y_train[n_validation:]
     process_group = None  # the hook's; None: the default group
     if c.hook_group == "self":
         # every rank takes part in creating every group, then uses its own
@@ -287,6 +306,11 @@ def _ddp_train(rank: int, world_size: int, config: TrainConfig, out: TrainResult
     build = functools.partial(_build, c, device, process_group, out.hook_enter_s)
     model, state, opt = build()
     order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(c.seed)).to(device)
+    if c.split == "dirichlet":  # this rank's shard, in an order of its own
+        shard = dirichlet_shards(y_train.cpu(), world_size, c.dirichlet_alpha, seed=c.seed,
+                                 min_size=c.batch_size // world_size)[rank]
+        shuffle = torch.randperm(len(shard), generator=torch.Generator().manual_seed(c.seed * 1000 + rank))
+        order, per_rank = shard[shuffle].to(device), c.batch_size // world_size
     out.threads = torch.get_num_threads()
     hooks.traffic.reset()
 
@@ -296,7 +320,10 @@ def _ddp_train(rank: int, world_size: int, config: TrainConfig, out: TrainResult
             saved = _save(model, state, opt)
             del model, state, opt
             model, state, opt = build(saved)
-        rows = order[batch_slice(step, c.batch_size, len(x_train), rank, world_size)]  # this rank's batch
+        if c.split == "dirichlet":  # the next items of this rank's own shard, wrapping around
+            rows = order[(step * per_rank + torch.arange(per_rank, device=device)) % len(order)]
+        else:
+            rows = order[batch_slice(step, c.batch_size, len(x_train), rank, world_size)]  # this rank's batch
         codec_before, t0 = getattr(state, "codec_s", 0.0), time.perf_counter()
         opt.zero_grad()
         loss = nn.functional.cross_entropy(model(x_train[rows]), y_train[rows])
@@ -315,6 +342,9 @@ def _ddp_train(rank: int, world_size: int, config: TrainConfig, out: TrainResult
             break
         if (step + 1) % c.eval_every == 0 or step + 1 == c.steps:
             _evaluate(out, step + 1, model.module, x_test, y_test)
+            if n_validation:
+                with torch.no_grad():
+                    out.validation_accuracy.append((model.module(x_val).argmax(1) == y_val).float().mean().item())
 
     out.final_params = [p.detach().cpu().clone() for p in model.module.parameters()]
     if hasattr(state, "compression_stats"):

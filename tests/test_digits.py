@@ -43,3 +43,35 @@ def test_training_data_does_not_import_scikit_learn():
             "print('sklearn' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_dirichlet_split_deals_every_sample_once_and_skews_the_classes_as_alpha_falls():
+    dirichlet_shards = digits.dirichlet_shards
+
+    _, y, _, _ = digits.digits_tensors()
+
+    def top_class_share(shards):  # the mean over ranks of the largest class's share of the rank's shard
+        return sum(torch.bincount(y[s], minlength=10).max().item() / len(s) for s in shards) / len(shards)
+
+    skewed, even = dirichlet_shards(y, 8, 0.1, seed=0), dirichlet_shards(y, 8, 1000.0, seed=0)
+    for shards in (skewed, even):
+        assert torch.equal(torch.cat(shards).sort().values, torch.arange(len(y)))
+    assert top_class_share(skewed) > 0.45 and top_class_share(even) < 0.15  # i.i.d. would give about 0.1
+    assert all(torch.equal(a, b) for a, b in zip(skewed, dirichlet_shards(y, 8, 0.1, seed=0)))
+    assert not all(torch.equal(a, b) for a, b in zip(skewed, dirichlet_shards(y, 8, 0.1, seed=1)))
+    assert min(len(s) for s in dirichlet_shards(y, 64, 0.5, seed=0, min_size=8)) >= 8  # drawn again until so
+    with pytest.raises(ValueError, match="cannot give each of 64 ranks 100"):
+        dirichlet_shards(y, 64, 0.1, min_size=100)
+    with pytest.raises(ValueError, match="alpha"):
+        dirichlet_shards(y, 8, 0.0)
+
+
+def test_train_config_refuses_an_unknown_split_and_a_validation_fraction_out_of_range():
+    from course_lib.train import TrainConfig
+
+    with pytest.raises(ValueError, match="split must be 'iid' or 'dirichlet'"):
+        TrainConfig(split="non-iid")
+    with pytest.raises(ValueError, match="dirichlet_alpha must be a number > 0"):
+        TrainConfig(split="dirichlet", dirichlet_alpha=0)
+    with pytest.raises(ValueError, match=r"validation_fraction must be in \[0, 1\)"):
+        TrainConfig(validation_fraction=1.0)

@@ -145,3 +145,14 @@ def test_bad_input_is_refused():
         simulate(_messages, 0)
     with pytest.raises(TypeError, match="fn must be a function"):
         simulate("train", 2)
+
+
+def test_a_dirichlet_split_with_a_validation_set_simulated_equals_real_gloo_processes():
+    configs = [TrainConfig(hidden=32, steps=4, batch_size=48, lr=0.1, split="dirichlet", dirichlet_alpha=0.3,
+                           validation_fraction=0.2, eval_every=2, hook=hook) for hook in ("allreduce", "noop")]
+    simulated_runs = simulate(train_several, 3, configs)
+    real_runs = spawn(train_several, 3, configs, backend="gloo", timeout_s=120)
+    assert not _compare_contest(3, simulated_runs, real_runs, configs)
+    for rank in range(3):
+        for sim, real in zip(simulated_runs[rank], real_runs[rank]):
+            assert sim.validation_accuracy == real.validation_accuracy and len(sim.validation_accuracy) == 2

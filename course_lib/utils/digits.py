@@ -17,7 +17,7 @@ from torch import nn
 from course_lib.utils import checks
 from course_lib.utils.rng import global_generator
 
-__all__ = ["digits_tensors", "mlp", "batch_slice", "gradient_snapshots"]
+__all__ = ["digits_tensors", "mlp", "batch_slice", "dirichlet_shards", "gradient_snapshots"]
 
 
 @functools.cache
@@ -90,6 +90,50 @@ def batch_slice(step: int, batch_size: int, n: int, rank: int = 0, world_size: i
     per_rank = batch_size // world_size
     start = (step * batch_size) % (n - batch_size + 1) + rank * per_rank
     return slice(start, start + per_rank)
+
+
+def dirichlet_shards(labels: torch.Tensor, world_size: int, alpha: float, seed: int = 0,
+                     min_size: int = 1) -> list[torch.Tensor]:
+    """A non-i.i.d. split of a labelled dataset over ``world_size`` ranks, as federated-learning papers
+    draw one (Hsu, Qi & Brown 2019, arXiv:1909.06335): for each class, the ranks' shares of its samples
+    are drawn from a Dirichlet(``alpha``) distribution. Small ``alpha`` gives each rank a few classes;
+    large ``alpha``, about every class in its share. Returns each rank's indices into ``labels``
+    (disjoint, together every index once), the same on every rank for the same ``seed``. A draw that
+    leaves a rank fewer than ``min_size`` samples is drawn again (up to 100 times).
+    """
+    checks.integer("world_size", world_size, 1)
+    checks.number("alpha", alpha, 0, low_open=True)
+    checks.integer("min_size", min_size, 0)
+    if min_size * world_size > len(labels):
+        raise ValueError(f"{len(labels)} samples cannot give each of {world_size} ranks {min_size}: lower min_size")
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(100):
+        shards = _dirichlet_draw(labels, world_size, alpha, generator)
+        if min(len(shard) for shard in shards) >= min_size:
+            return shards
+    raise ValueError(f"100 Dirichlet({alpha:g}) draws each left some rank under {min_size} samples of "
+                     f"{len(labels)} over {world_size} ranks: raise alpha or lower world_size")
+
+
+def _dirichlet_draw(labels, world_size, alpha, generator) -> list[torch.Tensor]:
+    gamma = torch.distributions.Gamma(torch.full((world_size,), float(alpha)), torch.ones(world_size))
+    shards: list[list[torch.Tensor]] = [[] for _ in range(world_size)]
+    for label in torch.unique(labels).tolist():
+        members = (labels == label).nonzero().flatten()
+        members = members[torch.randperm(len(members), generator=generator)]
+        # a Dirichlet draw is independent Gammas, normalized; drawn with this split's own generator
+        with global_generator:
+            state = torch.get_rng_state()
+            torch.manual_seed(int(torch.randint(2**31 - 1, (1,), generator=generator)))
+            shares = gamma.sample()
+            torch.set_rng_state(state)
+        shares = shares / shares.sum()
+        cuts = (torch.cumsum(shares, 0) * len(members)).round().long().tolist()
+        start = 0
+        for rank, end in enumerate(cuts):
+            shards[rank].append(members[start:end])
+            start = end
+    return [torch.cat(parts).sort().values for parts in shards]
 
 
 def gradient_snapshots(steps: int, hidden: int = 256, batch_size: int = 64, lr: float = 0.05,
