@@ -106,29 +106,22 @@ def dirichlet_shards(labels: torch.Tensor, world_size: int, alpha: float, seed: 
     checks.integer("min_size", min_size, 0)
     if min_size * world_size > len(labels):
         raise ValueError(f"{len(labels)} samples cannot give each of {world_size} ranks {min_size}: lower min_size")
-    generator = torch.Generator().manual_seed(seed)
+    generator, shares = torch.Generator().manual_seed(seed), np.random.default_rng(seed)
     for _ in range(100):
-        shards = _dirichlet_draw(labels, world_size, alpha, generator)
+        shards = _dirichlet_draw(labels, world_size, alpha, generator, shares)
         if min(len(shard) for shard in shards) >= min_size:
             return shards
     raise ValueError(f"100 Dirichlet({alpha:g}) draws each left some rank under {min_size} samples of "
                      f"{len(labels)} over {world_size} ranks: raise alpha or lower world_size")
 
 
-def _dirichlet_draw(labels, world_size, alpha, generator) -> list[torch.Tensor]:
-    gamma = torch.distributions.Gamma(torch.full((world_size,), float(alpha)), torch.ones(world_size))
+def _dirichlet_draw(labels, world_size, alpha, generator, shares) -> list[torch.Tensor]:
     shards: list[list[torch.Tensor]] = [[] for _ in range(world_size)]
     for label in torch.unique(labels).tolist():
         members = (labels == label).nonzero().flatten()
         members = members[torch.randperm(len(members), generator=generator)]
-        # a Dirichlet draw is independent Gammas, normalized; drawn with this split's own generator
-        with global_generator:
-            state = torch.get_rng_state()
-            torch.manual_seed(int(torch.randint(2**31 - 1, (1,), generator=generator)))
-            shares = gamma.sample()
-            torch.set_rng_state(state)
-        shares = shares / shares.sum()
-        cuts = (torch.cumsum(shares, 0) * len(members)).round().long().tolist()
+        share = shares.dirichlet([alpha] * world_size)  # this class's share for each rank
+        cuts = np.round(np.cumsum(share) * len(members)).astype(int).tolist()
         start = 0
         for rank, end in enumerate(cuts):
             shards[rank].append(members[start:end])
