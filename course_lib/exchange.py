@@ -55,7 +55,7 @@ def exchange(compressor: Compressor, payload: list[torch.Tensor], process_group=
 
 def combine(compressor: Compressor, received: list[list[torch.Tensor]], ctx, world_size: int) -> torch.Tensor:
     """The mean over ``world_size`` ranks, from what :func:`exchange` returned: one summed payload
-    decompressed once, or every rank's decompressed and averaged (signSGD with ``"majority"``: the
+    decompressed once, or every rank's decompressed and averaged (``decompress_sum``; signSGD with ``"majority"``: the
     sign of the sum of signs, times the mean scale)."""
     checks.integer("world_size", world_size, 1)
     if len(received) == 1:  # summed by an all-reduce (or a group of one)
@@ -65,7 +65,7 @@ def combine(compressor: Compressor, received: list[list[torch.Tensor]], ctx, wor
         scale = sum(compressor.scales(p, ctx) for p in received) / world_size
         shape = ctx[2] if isinstance(compressor, PerTensor) else ctx
         return (scale * torch.sign(votes)).view(shape)
-    return sum(compressor.decompress(p, ctx) for p in received) / world_size
+    return compressor.decompress_sum(received, ctx) / world_size
 
 
 def communicate(compressor: Compressor, payload: list[torch.Tensor], ctx, process_group=None,

@@ -148,6 +148,27 @@ def test_same_seed_same_draws_fresh_draws_per_call():
     assert not torch.equal(a.compress(x)[1][0], ia)  # the next call draws other indices
 
 
+@pytest.mark.parametrize("compressor", ALL + [C.PerTensor(C.TernGrad(), [7, 300, 196]), C.PerTensor(C.TopK(0.1), [3, 497])],
+                         ids=repr)
+@pytest.mark.parametrize("ranks", [1, 2, 4, 9])
+def test_the_sum_of_many_payloads_is_theirs_added_up(compressor, ranks):
+    """``decompress_sum`` (all the ranks' payloads at once, what an all-gather's combine uses) gives
+    what decompressing each and adding them in rank order gives: bit for bit up to 4 ranks (as the
+    sum of a few rows does), to float32's rounding past them."""
+    n = sum(compressor.numels) if isinstance(compressor, C.PerTensor) else 503
+    made = [compressor.compress(_x(n, seed=r) * (r + 1)) for r in range(ranks)]
+    payloads, ctx = [payload for payload, _ in made], made[0][1]
+    if isinstance(compressor, C.RandomK):  # a shared seed: the same entries, the same ctx, on every rank
+        made = [type(compressor)(0.1, seed=3, scaled=compressor.scaled).compress(_x(n, seed=r)) for r in range(ranks)]
+        payloads, ctx = [payload for payload, _ in made], made[0][1]
+    one_by_one = compressor.decompress(payloads[0], ctx)
+    for payload in payloads[1:]:
+        one_by_one = one_by_one + compressor.decompress(payload, ctx)
+    together = compressor.decompress_sum(payloads, ctx)
+    assert torch.equal(together, one_by_one) if ranks <= 4 else torch.allclose(together, one_by_one, rtol=1e-6,
+                                                                               atol=1e-6)
+
+
 def test_summable_payloads_add_up_to_the_sum():
     """Two ranks' payloads summed entry by entry (what an all-reduce does) decompress to the sum of
     the tensors as each format keeps it: in float16, every entry; random-k, the entries both drew."""
