@@ -11,8 +11,8 @@ So, for every notebook:
 * its set-up cell runs without error, in that kernel;
 * a notebook with a widget also runs the widget's cell and the cells that cell needs (found from the
   names it reads: see ``cells_needed``), and the widget is moved with the keyboard or the mouse until
-  what it shows changes: notebook 05's ZeRO memory calculator, 05's rank slider, 09's period explorer
-  and 10's bandwidth explorer;
+  what it shows changes: notebook 05's ZeRO memory calculator, 06's rank slider, 11's period explorer
+  and 12's bandwidth explorer;
 * one notebook, ``FULL_RUN``, is run top to bottom, as a student first does.
 
 Screenshots go to screenshots/ (git-ignored) for a reviewer to look at.
@@ -66,7 +66,7 @@ def lab(tmp_path_factory):
     work = tmp_path_factory.mktemp("lab")
     shutil.copytree(ROOT / "notebooks", work / "notebooks", ignore=shutil.ignore_patterns("my_*.py", ".ipynb_*"))
     shutil.copytree(ROOT / "img", work / "img")
-    # notebook 09 reads the committed contest table, as it does in a clone
+    # notebooks 09 and 10 read the committed contest tables, as they do in a clone
     shutil.copytree(ROOT / "benchmarks" / "results", work / "benchmarks" / "results")
     # JupyterLab 4 leaves off-screen cells out of the page unless windowing is off
     settings = work / "settings" / "@jupyterlab" / "notebook-extension"

@@ -148,8 +148,8 @@ def test_same_seed_same_draws_fresh_draws_per_call():
     assert not torch.equal(a.compress(x)[1][0], ia)  # the next call draws other indices
 
 
-@pytest.mark.parametrize("compressor", ALL + [C.PerTensor(C.TernGrad(), [7, 300, 196]), C.PerTensor(C.TopK(0.1), [3, 497])],
-                         ids=repr)
+@pytest.mark.parametrize("compressor",
+                         ALL + [C.PerTensor(C.TernGrad(), [7, 300, 196]), C.PerTensor(C.TopK(0.1), [3, 497])], ids=repr)
 @pytest.mark.parametrize("ranks", [1, 2, 4, 9])
 def test_the_sum_of_many_payloads_is_theirs_added_up(compressor, ranks):
     """``decompress_sum`` (all the ranks' payloads at once, what an all-gather's combine uses) gives

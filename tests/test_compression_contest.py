@@ -1,6 +1,6 @@
 """The committed compression contest (benchmarks/results/compression_contest.json): each method's
 chosen setting (momentum and learning rate) is its sweep's best, one run reproduces its row, and
-notebook 09 uses it."""
+notebooks 09 and 10 use it."""
 
 import importlib.util
 import json
@@ -60,8 +60,8 @@ def test_one_run_reproduces_its_committed_row():
     assert out.bytes[-1] / config.steps == pytest.approx(row["bytes_per_step"], abs=0.1)
 
 
-def test_notebook_08_trains_each_method_at_its_chosen_rate():
-    nb = json.loads((ROOT / "notebooks" / "09_compression.ipynb").read_text())
+def test_notebook_10_trains_each_method_at_its_chosen_rate():
+    nb = json.loads((ROOT / "notebooks" / "10_does_compression_pay.ipynb").read_text())
     code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
     assert "compression_contest.json" in code and 'lr=row["best_lr"]' in code
     assert 'momentum=row["best_momentum"]' in code

@@ -1,7 +1,7 @@
 """Simulated ranks (threads of one process, an in-process group) against real gloo processes.
 
 The methods are the same code either way; only the transport changes. So a simulated run must equal a
-real one: every method of notebook 09's contest, PowerSGD layer-wise and batched, local SGD,
+real one: every method of notebook 10's contest, PowerSGD layer-wise and batched, local SGD,
 post-local SGD and DiLoCo, at p = 2, 3 and 4. The sums differ only in their order (the threaded group
 adds the ranks' tensors in rank order, gloo's ring in another), which float32 absorbs to 1e-6; a
 16-bit all-reduce keeps the order's rounding, so fp16 and bf16 are held to their own unit roundoff.

@@ -1,5 +1,5 @@
 """The bandwidth sliders: per-step methods against each other (``bandwidth_explorer``, notebook 12;
-``compression_explorer``, notebook 09) and local SGD's period (``period_explorer``, notebook 11)."""
+``compression_explorer``, notebook 10) and local SGD's period (``period_explorer``, notebook 11)."""
 
 
 import ipywidgets as widgets
