@@ -2,7 +2,6 @@
 chosen setting (momentum and learning rate) is its sweep's best, one run reproduces its row, and
 notebooks 09 and 10 use it."""
 
-import importlib.util
 import json
 import statistics
 from pathlib import Path
@@ -12,16 +11,14 @@ import pytest
 from course_lib import costmodel
 from course_lib.launch import spawn
 from course_lib.train import ddp_train
+from tests import benchmark_scripts
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = json.loads((ROOT / "benchmarks" / "results" / "compression_contest.json").read_text())
+RESULTS = benchmark_scripts.results("compression_contest")
 
 
 def _benchmark():
-    spec = importlib.util.spec_from_file_location("compression_contest", ROOT / "benchmarks" / "compression_contest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_scripts.load("compression_contest")
 
 
 def test_each_chosen_rate_is_the_best_of_its_sweep():

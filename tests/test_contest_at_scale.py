@@ -2,26 +2,21 @@
 script's settings, each chosen setting is the best of its sweep on the validation split, the reported
 numbers are their seeds' mean, and one run reproduces its row."""
 
-import importlib.util
 import json
 import math
 import statistics
-from pathlib import Path
 
 import pytest
 
 from course_lib.simulated import simulate
 from course_lib.train import train_several
+from tests import benchmark_scripts
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = json.loads((ROOT / "benchmarks" / "results" / "contest_at_scale.json").read_text())
+RESULTS = benchmark_scripts.results("contest_at_scale")
 
 
 def _benchmark():
-    spec = importlib.util.spec_from_file_location("contest_at_scale", ROOT / "benchmarks" / "contest_at_scale.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_scripts.load("contest_at_scale")
 
 
 def test_the_file_was_made_with_the_scripts_settings():
