@@ -189,7 +189,8 @@ def describe(cell: dict) -> str:
 def print_table(out: dict) -> None:
     for p, splits in sorted(out["world_sizes"].items(), key=lambda kv: int(kv[0])):
         for split, cells in splits.items():
-            print(f"\np = {p}, {split} (chosen on the validation split, seed 0; test: seeds 10-12)")
+            print(f"\np = {p}, {split} (chosen on the validation split, seeds {list(CHOOSE_SEEDS)}; test: seeds "
+                  f"{list(REPORT_SEEDS)})")
             for name, cell in cells.items():
                 print(f"  {name:22s} {describe(cell)}  {cell.get('bytes_per_step', 0):9.0f} B/step")
 

@@ -94,10 +94,11 @@ def batch_slice(step: int, batch_size: int, n: int, rank: int = 0, world_size: i
 
 def dirichlet_shards(labels: torch.Tensor, world_size: int, alpha: float, seed: int = 0,
                      min_size: int = 1) -> list[torch.Tensor]:
-    """A non-i.i.d. split of a labelled dataset over ``world_size`` ranks, as federated-learning papers
-    draw one (Hsu, Qi & Brown 2019, arXiv:1909.06335): for each class, the ranks' shares of its samples
-    are drawn from a Dirichlet(``alpha``) distribution. Small ``alpha`` gives each rank a few classes;
-    large ``alpha``, about every class in its share. Returns each rank's indices into ``labels``
+    """A non-i.i.d. split of a labelled dataset over ``world_size`` ranks, as federated-learning
+    benchmarks draw one (Yurochkin et al. 2019; Hsu, Qi & Brown 2019, arXiv:1909.06335, draw a class mix
+    per client instead): for each class, the ranks' shares of its samples are drawn from a
+    Dirichlet(``alpha``) distribution, so shards differ in size and mix. Small ``alpha`` gives each rank
+    a few classes; large ``alpha``, about every class in its share. Returns each rank's indices into ``labels``
     (disjoint, together every index once), the same on every rank for the same ``seed``. A draw that
     leaves a rank fewer than ``min_size`` samples is drawn again (up to 100 times).
     """
