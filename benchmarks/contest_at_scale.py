@@ -23,8 +23,9 @@ what is there: the settings (so that ``tests/test_contest_at_scale.py`` can chec
 what this script's settings produce), each sweep, the chosen setting, the test accuracy of each
 reported seed, and the bytes each worker sent per step (exact; ``by_op``: collectives and bytes per
 step by collective, all-reduce or all-gather, averaged over the run). Work done so far is kept in
-``contest_at_scale.p<p>.partial.json`` beside it, so an interrupted run goes on where it stopped (and
-world sizes can run in separate processes at once).
+``contest_at_scale.p<p>.<split>.partial.json`` beside it, so an interrupted run goes on where it stopped (and
+world sizes, or the two splits of one, can run in separate processes at once: ``--split iid`` and
+``--split non-iid``).
 
     .venv/bin/python benchmarks/contest_at_scale.py 2 8     # a few minutes each on 2 cores
     .venv/bin/python benchmarks/contest_at_scale.py 64      # hours: every rank of 64 computes in one process
@@ -145,36 +146,49 @@ def settings() -> dict:
                         for name, (v, f, g) in METHODS.items()}}
 
 
-def partial_file(world_size: int) -> Path:
-    return RESULTS.with_name(f"contest_at_scale.p{world_size}.partial.json")
+def partial_file(world_size: int, split: str) -> Path:
+    return RESULTS.with_name(f"contest_at_scale.p{world_size}.{split}.partial.json")
 
 
-def run(world_size: int) -> dict:
-    """Every cell at one world size, resuming from its partial file; the cells by split and method."""
-    p = world_size
-    partial = json.loads(partial_file(p).read_text()) if partial_file(p).exists() else {}
+def run(world_size: int, split: str) -> dict:
+    """Every method at one world size on one split, resuming from its partial file; the cells by method."""
+    p, path = world_size, partial_file(world_size, split)
+    partial = json.loads(path.read_text()) if path.exists() else {}
     if partial.get("settings") != settings():
         partial = {"settings": settings(), "cells": {}}
-    for split in SPLITS:
-        for name in METHODS:
-            cell_key = f"{p} {split} {name}"
-            if cell_key in partial["cells"]:
-                continue
-            start = time.perf_counter()
-            cell = run_cell(p, split, name)
-            cell["seconds"] = round(time.perf_counter() - start, 1)
-            partial["cells"][cell_key] = cell
-            partial_file(p).write_text(json.dumps(partial, indent=1) + "\n")
-            print(f"p={p:3d} {split:8s} {name:22s} {describe(cell)}  ({cell['seconds']:.0f} s)", flush=True)
-    return {split: {name: partial["cells"][f"{p} {split} {name}"] for name in METHODS} for split in SPLITS}
+    for name in METHODS:
+        cell_key = f"{p} {split} {name}"
+        if cell_key in partial["cells"]:
+            continue
+        start = time.perf_counter()
+        cell = run_cell(p, split, name)
+        cell["seconds"] = round(time.perf_counter() - start, 1)
+        partial["cells"][cell_key] = cell
+        path.write_text(json.dumps(partial, indent=1) + "\n")
+        print(f"p={p:3d} {split:8s} {name:22s} {describe(cell)}  ({cell['seconds']:.0f} s)", flush=True)
+    return {name: partial["cells"][f"{p} {split} {name}"] for name in METHODS}
 
 
-def main(world_sizes) -> dict:
-    cells = {p: run(p) for p in world_sizes}
+def finished(world_size: int, split: str) -> dict | None:
+    """The cells of a split another process ran, if it has run every method (else None)."""
+    path = partial_file(world_size, split)
+    partial = json.loads(path.read_text()) if path.exists() else {}
+    keys = [f"{world_size} {split} {name}" for name in METHODS]
+    if partial.get("settings") != settings() or not all(k in partial["cells"] for k in keys):
+        return None
+    return {name: partial["cells"][k] for name, k in zip(METHODS, keys)}
+
+
+def main(world_sizes, splits=tuple(SPLITS)) -> dict:
+    """Runs the given splits; writes a world size into the results once both of its splits are done."""
+    cells = {p: {split: run(p, split) for split in splits} for p in world_sizes}
     out = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     if out.get("settings") != settings():
         out = {"settings": settings(), "world_sizes": {}}
-    out["world_sizes"].update({str(p): cells[p] for p in world_sizes})
+    for p in world_sizes:
+        done = {split: cells[p].get(split) or finished(p, split) for split in SPLITS}
+        if all(done.values()):
+            out["world_sizes"][str(p)] = done
     out["machine"] = {"python": platform.python_version(), "torch": torch.__version__,
                       "processor": platform.processor() or platform.machine()}
     return out
@@ -198,9 +212,10 @@ def print_table(out: dict) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("world_sizes", type=int, nargs="*", default=list(WORLD_SIZES))
+    parser.add_argument("--split", choices=list(SPLITS), help="only this split (the other can run beside it)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    result = main(args.world_sizes)
+    result = main(args.world_sizes, (args.split,) if args.split else tuple(SPLITS))
     print_table(result)
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=1) + "\n")
