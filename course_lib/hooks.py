@@ -30,6 +30,7 @@ from course_lib.utils.per_rank import PerRank
 
 __all__ = [
     "traffic",
+    "count",
     "Collective",
     "all_reduce_counted",
     "all_gather_counted",
@@ -88,8 +89,8 @@ class Collective(NamedTuple):
     end_s: float
 
 
-def _count(op: str, tensor: torch.Tensor) -> None:
-    nbytes = tensor.numel() * tensor.element_size()
+def count(op: str, nbytes: int) -> None:
+    """Add one collective ``op`` ("all_reduce", "all_gather") of ``nbytes`` handed to it to :data:`traffic`."""
     traffic.collectives += 1
     traffic.bytes += nbytes
     tally = traffic.by_op.setdefault(op, [0, 0])
@@ -103,7 +104,7 @@ def _group(process_group):
 
 def all_reduce_counted(tensor: torch.Tensor, group=None, async_op: bool = False):
     """``dist.all_reduce`` (sum) that adds to :data:`traffic`; the one door all hooks send through."""
-    _count("all_reduce", tensor)
+    count("all_reduce", tensor.numel() * tensor.element_size())
     if traffic.timeline is not None:  # asked for by Traffic.record_timeline
         return _all_reduce_timed(tensor, _group(group), async_op)
     return dist.all_reduce(tensor, group=_group(group), async_op=async_op)
@@ -131,7 +132,7 @@ def all_gather_counted(tensor: torch.Tensor, group=None) -> list[torch.Tensor]:
     as the bytes this rank hands over, as :func:`all_reduce_counted` counts them; every rank's
     tensor, in rank order. (A ring all-gather then moves (p - 1) / p of all p of them past each rank.)"""
     group = _group(group)
-    _count("all_gather", tensor)
+    count("all_gather", tensor.numel() * tensor.element_size())
     out = [torch.empty_like(tensor) for _ in range(group.size())]
     dist.all_gather(out, tensor, group=group)
     return out

@@ -235,6 +235,10 @@ class DiLoCo:
                                      nesterov=nesterov and outer_momentum > 0)
         self.inner_steps = 0
 
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """The inner optimizer's ``zero_grad``: DiLoCo is called where an optimizer would be."""
+        self.inner.zero_grad(set_to_none=set_to_none)
+
     @torch.no_grad()
     def step(self) -> bool:
         """One inner step; the outer step too when ``period`` inner steps have passed. Returns

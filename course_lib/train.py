@@ -23,6 +23,7 @@ PowerSGD's arguments keep torch's names (``matrix_approximation_rank``, ``start_
 """
 
 import argparse
+import copy
 import dataclasses
 import functools
 import gc
@@ -39,7 +40,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_psgd
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course_lib import compression, compressors, hooks, memory, powersgd
+from course_lib import compression, compressors, hooks, local_sgd, memory, powersgd
 from course_lib.launch import init_from_env, report_progress, spawn, worker_device
 from course_lib.utils import checks
 from course_lib.utils.digits import batch_slice, digits_tensors, dirichlet_shards, mlp
@@ -78,6 +79,7 @@ class TrainConfig:
     validation_fraction: float = 0.0
     lr: float = 0.1
     momentum: float = 0.0
+    optimizer: str = "sgd"  # "sgd" (with momentum) or "adamw" (torch's AdamW, its defaults but lr)
     seed: int = 0  # the model's initialization, the batch order and PowerSGD's random_seed
     threads: int | None = None  # compute threads of this worker from now on (None: leave them as they are)
     # where each rank computes: "auto" (cuda:LOCAL_RANK under NCCL, else the CPU), "cuda" (this rank's GPU
@@ -93,6 +95,17 @@ class TrainConfig:
     # a group of its own, so nothing is averaged: what the process_group argument decides, shown)
     hook_group: str = "world"
     bucket_cap_mb: float = 25
+    # -- communicating less often (course_lib.local_sgd; notebook 11), instead of the hook: "local" is local
+    # SGD, each rank stepping on its own and the parameters averaged after every period steps
+    # (PeriodicModelAverager in PostLocalSGDOptimizer); with local_sgd_start > 0, post-local SGD (the
+    # gradients all-reduced at each of the first local_sgd_start steps: post_localSGD_hook). "diloco": the
+    # optimizer is DiLoCo's inner one, and every period steps its outer step (SGD, Nesterov momentum
+    # outer_momentum, lr outer_lr) takes the averaged pseudo-gradient. The model scored is the ranks' mean.
+    averaging: str = "none"  # "none" (the hook at every step), "local" or "diloco"
+    period: int = 1
+    local_sgd_start: int = 0
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
     # -- PowerSGD's arguments (torch's names: PowerSGDState's; ignored by the other hooks)
     matrix_approximation_rank: int = 2
     start_powerSGD_iter: int = 10
@@ -164,6 +177,23 @@ class TrainConfig:
         for name, low in (("matrix_approximation_rank", 1), ("start_powerSGD_iter", 0), ("levels", 1),
                           ("qsgd_bucket", 0), ("warmup_steps", 0), ("seed", 0)):
             checks.integer(name, getattr(self, name), low)
+        if self.optimizer not in ("sgd", "adamw"):
+            raise ValueError(f"optimizer must be 'sgd' or 'adamw', got {self.optimizer!r}")
+        if self.optimizer == "adamw" and self.momentum:
+            raise ValueError("momentum is SGD's: AdamW keeps its own averages (betas); leave momentum at 0 with "
+                             "optimizer='adamw'")
+        if self.averaging not in ("none", "local", "diloco"):
+            raise ValueError(f"averaging must be 'none', 'local' or 'diloco', got {self.averaging!r}")
+        checks.integer("period", self.period, 1)
+        checks.integer("local_sgd_start", self.local_sgd_start, 0)
+        checks.number("outer_lr", self.outer_lr, 0, low_open=True)
+        checks.number("outer_momentum", self.outer_momentum, 0, 1)
+        if self.averaging != "none" and (self.hook, self.hook_group, self.compress_wrapper, self.resume_at) != (
+                "allreduce", "world", None, None):
+            raise ValueError(f"averaging={self.averaging!r} replaces the hook: leave hook='allreduce' (it was "
+                             f"{self.hook!r}), hook_group='world', compress_wrapper=None and resume_at=None")
+        if self.averaging != "local" and self.local_sgd_start:
+            raise ValueError("local_sgd_start is post-local SGD's switch point: it needs averaging='local'")
         if self.sign_aggregate not in ("mean", "majority"):
             raise ValueError(f"sign_aggregate must be 'mean' or 'majority', got {self.sign_aggregate!r}")
         if self.resume_at is not None:
@@ -329,6 +359,8 @@ def _ddp_train(rank: int, world_size: int, config: TrainConfig, out: TrainResult
         loss = nn.functional.cross_entropy(model(x_train[rows]), y_train[rows])
         loss.backward()  # DDP hands each bucket of gradients to the hook as it fills: the communication
         out.backward_end_s.append(time.perf_counter())
+        if _averages_now(opt):  # the parameters' all-reduce (local SGD) or the pseudo-gradient's (DiLoCo)
+            hooks.count("all_reduce", sum(4 * p.numel() for p in model.parameters()))
         opt.step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # the step has run, not only been queued
@@ -341,10 +373,11 @@ def _ddp_train(rank: int, world_size: int, config: TrainConfig, out: TrainResult
             out.diverged_at = step
             break
         if (step + 1) % c.eval_every == 0 or step + 1 == c.steps:
-            _evaluate(out, step + 1, model.module, x_test, y_test)
+            net = model.module if c.averaging == "none" else _ranks_mean(model.module)
+            _evaluate(out, step + 1, net, x_test, y_test)
             if n_validation:
                 with torch.no_grad():
-                    out.validation_accuracy.append((model.module(x_val).argmax(1) == y_val).float().mean().item())
+                    out.validation_accuracy.append((net(x_val).argmax(1) == y_val).float().mean().item())
 
     out.final_params = [p.detach().cpu().clone() for p in model.module.parameters()]
     if hasattr(state, "compression_stats"):
@@ -369,7 +402,12 @@ def _build(c: TrainConfig, device: torch.device, process_group, hook_enter_s: li
     if checkpoint is not None:
         net.load_state_dict(checkpoint["model"])
     model = DDP(net, bucket_cap_mb=c.bucket_cap_mb)
-    state, hook = make_hook(c, process_group)
+    if c.averaging == "local":  # gradients all-reduced for the first local_sgd_start steps, then not at all
+        state, hook = local_sgd.PostLocalSGDState(None, None, c.local_sgd_start), local_sgd.post_localSGD_hook
+    elif c.averaging == "diloco":  # nothing at each step: the outer step communicates
+        state, hook = None, hooks.noop_hook
+    else:
+        state, hook = make_hook(c, process_group)
     if c.hook.startswith("torch_") and device.type == "cpu" and torch.cuda.is_available():
         _let_torch_hooks_run_on_cpu()
     if checkpoint is not None:
@@ -384,7 +422,15 @@ def _build(c: TrainConfig, device: torch.device, process_group, hook_enter_s: li
         return hook(hook_state, bucket)
 
     model.register_comm_hook(state, noting_entry)
-    opt = torch.optim.SGD(model.parameters(), lr=c.lr, momentum=c.momentum)
+    if c.optimizer == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=c.lr)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=c.lr, momentum=c.momentum)
+    if c.averaging == "local":  # local SGD averages after steps H, 2H, ...; post-local SGD from its switch on
+        warmup = c.local_sgd_start or c.period - 1
+        opt = local_sgd.PostLocalSGDOptimizer(opt, local_sgd.PeriodicModelAverager(c.period, warmup_steps=warmup))
+    elif c.averaging == "diloco":
+        opt = local_sgd.DiLoCo(model.parameters(), opt, c.period, outer_lr=c.outer_lr, outer_momentum=c.outer_momentum)
     if checkpoint is not None:
         opt.load_state_dict(checkpoint["optimizer"])
     return model, state, opt
@@ -433,6 +479,28 @@ def _record_step(out: TrainResult, loss: torch.Tensor, model: DDP, state, proces
         _record_error_memory(out, errors, process_group)
     if record_params:
         out.params.append(torch.cat([p.detach().flatten() for p in model.module.parameters()]).cpu())
+
+
+def _averages_now(opt) -> bool:
+    """Whether this step ends with an average: of the parameters (local SGD's averager) or of DiLoCo's
+    pseudo-gradient (its outer step); False for a plain optimizer, whose hook counts its own traffic."""
+    if isinstance(opt, local_sgd.DiLoCo):
+        return (opt.inner_steps + 1) % opt.period == 0
+    if isinstance(opt, local_sgd.PostLocalSGDOptimizer):
+        averager = opt.averager
+        return averager.step >= averager.warmup_steps and (averager.step - averager.warmup_steps) % averager.period == 0
+    return False
+
+
+def _ranks_mean(net: nn.Module) -> nn.Module:
+    """A copy of ``net`` holding the mean of the ranks' parameters: the model local SGD or DiLoCo reads out
+    between averages (one all-reduce per parameter, not counted as traffic)."""
+    mean = copy.deepcopy(net)
+    with torch.no_grad():
+        for p in mean.parameters():
+            dist.all_reduce(p)
+            p /= dist.get_world_size()
+    return mean
 
 
 def _global_loss(loss: torch.Tensor) -> float:

@@ -103,3 +103,19 @@ def averaging_edges(rank, world_size):
     local_sgd.PeriodicModelAverager(period=1).average_parameters([with_grad, without])
     out["averager"] = (with_grad.tolist(), without.tolist())
     return out
+
+
+def train_and_notebook_loop(rank, world_size, cases):
+    """For each (TrainConfig fields, local_sgd_runs.train arguments): the flat parameters, bytes and test
+    accuracy of ``course_lib.train``'s run and of notebook 11's loop on the same data and model."""
+    from course_lib.notebooks import local_sgd_runs as R
+    from course_lib.train import TrainConfig, ddp_train
+
+    out = []
+    for fields, notebook in cases:
+        config = TrainConfig(hidden=R.HIDDEN, batch_size=R.BATCH, steps=8, eval_every=8, **fields)
+        ours = ddp_train(rank, world_size, config)
+        theirs = R.train(rank, world_size, steps=8, **notebook)
+        out.append({"ours": torch.cat([p.reshape(-1) for p in ours.final_params]), "theirs": theirs["params"],
+                    "bytes": ours.bytes, "accuracy": (100 * ours.test_accuracy[-1], theirs["accuracy"])})
+    return out

@@ -114,3 +114,32 @@ def test_diloco_with_a_plain_outer_step_is_local_sgd():
 def test_bad_input_is_refused_with_a_clear_message(call, message):
     with pytest.raises((ValueError, TypeError), match=message):
         call()
+
+
+# course_lib.train's local SGD, post-local SGD, DiLoCo and AdamW (the bench's runs: benchmarks/local_sgd_at_scale.py)
+# against notebook 11's own loop (local_sgd_runs.train, whose pieces are checked against torch's above)
+TRAIN_CASES = [
+    (dict(optimizer="adamw", lr=3e-3), dict(method="ddp-adamw", lr=3e-3)),
+    (dict(averaging="local", period=2, momentum=0.9), dict(method="local", period=2)),
+    (dict(averaging="local", period=2, local_sgd_start=3, momentum=0.9), dict(method="post-local", period=2, warmup=3)),
+    (dict(averaging="diloco", period=2, optimizer="adamw", lr=3e-3), dict(method="diloco", period=2, lr=3e-3)),
+]
+AVERAGES = [8, 4, 3 + 3, 4]  # all-reduces in 8 steps: every step; steps 2, 4, 6, 8; 3 of DDP then 4, 6, 8; outer steps
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_train_averaging_runs_are_notebook_11s(world_size):
+    outs = spawn(W.train_and_notebook_loop, world_size, TRAIN_CASES, backend="gloo")
+    numel = outs[0][0]["ours"].numel()
+    for rank, rows in enumerate(outs):
+        for (fields, _), row, averages in zip(TRAIN_CASES, rows, AVERAGES):
+            torch.testing.assert_close(row["ours"], row["theirs"], rtol=0, atol=1e-6, msg=f"{fields}, rank {rank}")
+            assert row["bytes"][-1] == 4 * numel * averages, fields
+            assert abs(row["accuracy"][0] - row["accuracy"][1]) < 1e-4, fields
+
+
+def test_a_local_sgd_that_averages_off_schedule_is_not_notebook_11s():
+    # the same comparison fails when the runs differ only in when they average (period 2 against 4)
+    cases = [(dict(averaging="local", period=2, momentum=0.9), dict(method="local", period=4))]
+    row = spawn(W.train_and_notebook_loop, 2, cases, backend="gloo")[0][0]
+    assert (row["ours"] - row["theirs"]).abs().max().item() > 1e-4
