@@ -160,6 +160,7 @@ def train(rank: int, world_size: int, method: str, period: int = 1, lr: float = 
     """Train the digits MLP on this rank's half of each batch, with ``method``:
 
     * ``"ddp"``: torch's DDP, SGD with momentum 0.9 at ``lr``; ``"ddp-adamw"``: the same with AdamW;
+    * ``"alone"``: no communication, each rank AdamW at ``lr`` on its own data (the model read out: its own);
     * ``"local"``: local SGD, the same optimizer on each rank, parameters averaged every ``period`` steps;
     * ``"post-local"``: DDP with the course's post-local-SGD hook for ``warmup`` steps, then local SGD;
     * ``"diloco"``: DiLoCo, AdamW at ``lr`` inside, the paper's outer step every ``period`` steps
@@ -179,7 +180,7 @@ def train(rank: int, world_size: int, method: str, period: int = 1, lr: float = 
     outer = None
     if method == "ddp":
         opt = sgd
-    elif method == "ddp-adamw":
+    elif method in ("ddp-adamw", "alone"):
         opt = torch.optim.AdamW(model.parameters(), lr=lr)
     elif method == "local":
         opt = local_sgd.PostLocalSGDOptimizer(sgd, local_sgd.PeriodicModelAverager(period, warmup_steps=period - 1))
@@ -190,7 +191,8 @@ def train(rank: int, world_size: int, method: str, period: int = 1, lr: float = 
         opt = torch.optim.AdamW(model.parameters(), lr=lr)
         outer = local_sgd.DiLoCo(model.parameters(), opt, period, compress=torch.Tensor.half if fp16 else None)
     else:
-        raise ValueError(f"method must be 'ddp', 'ddp-adamw', 'local', 'post-local' or 'diloco', got {method!r}")
+        raise ValueError(f"method must be 'ddp', 'ddp-adamw', 'alone', 'local', 'post-local' or 'diloco', "
+                         f"got {method!r}")
     averaged = True
     collectives.sent.reset()
     for step in range(steps):
@@ -206,11 +208,13 @@ def train(rank: int, world_size: int, method: str, period: int = 1, lr: float = 
             elif method == "post-local":  # gradients averaged in the warm-up, then parameters from its end on
                 averaged = step < warmup or (step - warmup) % period == 0
     sent = collectives.sent.bytes / steps  # what the course's ring sent (DDP's all-reduce is torch's)
-    if not averaged:
+    if not averaged and method != "alone":
         local_sgd.average_parameters(model.parameters())
     with torch.no_grad():
         accuracy = 100 * (model(x_test).argmax(1) == y_test).float().mean().item()
-    if method.startswith("ddp"):
+    if method == "alone":
+        per_step = 0
+    elif method.startswith("ddp"):
         per_step = 4 * numel
     elif method == "post-local":
         per_step = 4 * numel * (warmup + (steps - warmup) / period) / steps
