@@ -1,11 +1,12 @@
 """Data-parallel training on the digits with a choice of communication hook.
 
-Read it top to bottom: :class:`TrainConfig` is what a run takes (its fields in groups: the model
-and data, the optimizer and the run, the hook, PowerSGD's arguments, the compressors' arguments,
-what is recorded), :class:`TrainResult` what it gives back, :func:`make_hook` the config's hook for
-DDP. :func:`ddp_train` is the training loop: each step takes its batch, zeroes the gradients,
-computes the loss, runs backward (where DDP calls the hook on each bucket of gradients), steps and
-records; the recording and the model's construction are the small helpers below it.
+Read it top to bottom: :class:`TrainConfig` is what a run takes (its fields in groups: the model and
+data, the optimizer and the run, the hook, communicating less often (local SGD, DiLoCo), PowerSGD's
+arguments, the compressors' arguments, what is recorded), :class:`TrainResult` what it gives back,
+:func:`make_hook` the config's hook for DDP. :func:`ddp_train` is the training loop: each step takes
+its batch, zeroes the gradients, computes the loss, runs backward (where DDP calls the hook on each
+bucket of gradients), steps and records; the recording and the model's construction are the small
+helpers below it.
 :func:`main` is the command line, one flag per field, in the same groups.
 
 One worker, three ways to start it:
@@ -395,8 +396,9 @@ def _digits(n_in: int, device: torch.device) -> tuple[torch.Tensor, ...]:
 
 
 def _build(c: TrainConfig, device: torch.device, process_group, hook_enter_s: list[float], saved=None):
-    """``(model, hook state, optimizer)``: a new DDP model with the config's hook registered, and SGD;
-    loaded from what :func:`_save` wrote, when given."""
+    """``(model, hook state, optimizer)``: a new DDP model with the config's hook registered (or local SGD's
+    or DiLoCo's), and its optimizer (SGD or AdamW, inside the averager or DiLoCo when asked); loaded
+    from what :func:`_save` wrote, when given."""
     checkpoint = None if saved is None else torch.load(saved, weights_only=False)
     net = mlp(hidden=c.hidden, depth=c.depth, seed=c.seed, n_in=c.n_in).to(device)
     if checkpoint is not None:
@@ -593,6 +595,7 @@ class TrainingInParts:
 _FLAG_GROUPS = {"hidden": "the model and data",
                 "steps": "the optimizer and the run",
                 "hook": "communication: the hook and its buckets",
+                "averaging": "communicating less often: local SGD, post-local SGD, DiLoCo",
                 "matrix_approximation_rank": "PowerSGD's arguments (torch's names)",
                 "ratio": "the compressors' arguments",
                 "eval_every": "what is recorded"}
@@ -614,6 +617,10 @@ def _argument_parser() -> argparse.ArgumentParser:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
         elif f.name == "sign_aggregate":
             group.add_argument(flag, choices=["mean", "majority"], default=f.default)
+        elif f.name == "averaging":
+            group.add_argument(flag, choices=["none", "local", "diloco"], default=f.default)
+        elif f.name == "optimizer":
+            group.add_argument(flag, choices=["sgd", "adamw"], default=f.default)
         elif f.name == "memory":
             group.add_argument(flag, choices=["auto", "error_feedback", "none"], default=f.default)
         elif f.name == "device":

@@ -143,3 +143,11 @@ def test_a_local_sgd_that_averages_off_schedule_is_not_notebook_11s():
     cases = [(dict(averaging="local", period=2, momentum=0.9), dict(method="local", period=4))]
     row = spawn(W.train_and_notebook_loop, 2, cases, backend="gloo")[0][0]
     assert (row["ours"] - row["theirs"]).abs().max().item() > 1e-4
+
+
+def test_the_alone_run_sends_nothing_and_keeps_each_ranks_own_model():
+    # notebook 11's "no communication" reference: no average at any step, nor at the end
+    outs = spawn(R.sweep, 2, [dict(method="alone", steps=4, lr=3e-3)], backend="gloo")
+    first, second = outs[0][0], outs[1][0]
+    assert first["sent_per_step"] == second["sent_per_step"] == 0 and first["bytes_per_step"] == 0
+    assert (first["params"] - second["params"]).abs().max().item() > 1e-4
