@@ -1,8 +1,8 @@
 """Local SGD, post-local SGD and DiLoCo against the period H: 8 workers, iid and non-iid, chosen on validation.
 
-Notebook 11's sweep ran 2 workers on iid halves of each batch, 256 steps, every method at a learning
-rate tuned at H = 16 on the test images, DiLoCo's outer step untuned, and 1 to 4 outer steps at
-H >= 64. This one asks the same question on notebook 10's bench (``contest_at_scale.py``): 8 workers
+Notebook 11 used to answer this with 2 workers on iid halves of each batch, 256 steps, every method at
+a learning rate tuned at H = 16 on the test images, DiLoCo's outer step untuned, and 1 to 4 outer
+steps at H >= 64. This script asks the same question on notebook 10's bench (``contest_at_scale.py``): 8 workers
 (``course_lib.simulated``; ``course_lib.train``'s ``averaging`` runs, checked against notebook 11's
 loop in tests/test_local_sgd.py), the digits MLP (hidden 64), a global batch of 128 (16 a worker),
 iid shares or non-iid shards (Dirichlet(0.5) per class), 480 steps, so that H = 4, 8 and 16 average
@@ -31,7 +31,7 @@ setting, the test accuracy of each reported seed and the bytes each worker hands
 step. Work done so far is kept in ``local_sgd_at_scale.<split>.partial.json`` beside it, so an
 interrupted run goes on where it stopped, and the two splits can run at once in two processes.
 
-    .venv/bin/python benchmarks/local_sgd_at_scale.py --split iid        # about half an hour on one core
+    .venv/bin/python benchmarks/local_sgd_at_scale.py --split iid        # about 16 minutes on one core
     .venv/bin/python benchmarks/local_sgd_at_scale.py --split non-iid
 """
 
