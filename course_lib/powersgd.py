@@ -70,6 +70,7 @@ __all__ = [
     "batched_powerSGD_hook",
     "ordered_powerSGD_hook",
     "compress_on_one_process",
+    "encode_decode_seconds",
     "should_compress",
     "numbers_per_step",
 ]
@@ -437,6 +438,28 @@ def compress_on_one_process(state: PowerSGDState, grads: list[torch.Tensor]) -> 
         g.qt = power_step_qt(g.matrix, g.p)
     _decompress(state, groups)
     return grads
+
+
+def encode_decode_seconds(shapes, matrix_approximation_rank: int = 2, repeats: int = 20) -> float:
+    """Median seconds of one step of PowerSGD's computation on gradients of ``shapes`` (random, fixed),
+    in one process, with error feedback as the hook runs it: add the memory, compress
+    (:func:`compress_on_one_process`), keep what compression left out. What a step spends computing
+    rather than communicating, for the step-time model (the hook itself interleaves the two)."""
+    from course_lib.utils.timing import median_seconds  # timing is the caller's concern, not the hook's
+
+    grads = [torch.randn(s, generator=torch.Generator().manual_seed(i)) for i, s in enumerate(shapes)]
+    state = PowerSGDState(None, matrix_approximation_rank=matrix_approximation_rank, start_powerSGD_iter=2)
+    work = [g.clone() for g in grads]  # the same tensors every call, so that the memory finds its entries
+    layout = state.keys.layout(work)
+
+    def step():
+        corrected = state.memory.compensate(layout, torch.cat([g.flatten() for g in grads]))
+        for w, piece in zip(work, corrected.split([w.numel() for w in work])):
+            w.copy_(piece.view_as(w))
+        compress_on_one_process(state, work)
+        state.memory.update(layout, corrected, torch.cat([w.flatten() for w in work]))
+
+    return median_seconds(step, repeats=repeats)
 
 
 def powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -1,0 +1,70 @@
+"""benchmarks/throttled_links.py: its committed results follow from what they record, its model shares one
+filter among the ranks, and where it cannot make a namespace it says so in one line and exits 2."""
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests import benchmark_scripts
+
+RESULTS = benchmark_scripts.results("throttled_links")
+
+
+def _benchmark():
+    return benchmark_scripts.load("throttled_links")
+
+
+def test_the_file_covers_three_rates_and_every_contest_method():
+    bench = _benchmark()
+    assert len(RESULTS["settings"]["rates_gbit"]) >= 3
+    assert {k: v for k, v in RESULTS["settings"].items() if k not in ("rates_gbit", "repeats")} == \
+        {k: v for k, v in bench.settings().items() if k != "rates_gbit"}
+    assert list(RESULTS["methods"]) == list(bench.configs())
+    keys = ["unthrottled"] + [bench.rate_key(g) for g in RESULTS["settings"]["rates_gbit"]]
+    for name, m in RESULTS["methods"].items():
+        assert list(m["measured"]) == list(m["predicted"]) == keys, name
+        for k in keys:
+            t = m["measured"][k]
+            assert t["min_s"] <= t["median_s"] <= t["max_s"], (name, k)
+
+
+def test_each_prediction_is_the_model_on_the_recorded_fit_and_each_ratio_its_quotient():
+    bench = _benchmark()
+    for name, m in RESULTS["methods"].items():
+        for k, predicted in m["predicted"].items():
+            gbit = None if k == "unthrottled" else float(k.split()[0])
+            assert bench.predict(m["model"], RESULTS["fit"], gbit) == pytest.approx(predicted, rel=1e-9), (name, k)
+            assert m["ratio"][k] == pytest.approx(predicted / m["measured"][k]["median_s"], rel=1e-9)
+
+
+def test_each_measured_break_even_is_where_the_measured_times_cross():
+    bench = _benchmark()
+    rates = RESULTS["settings"]["rates_gbit"]
+    for name, refs in RESULTS["break_even"].items():
+        for ref, b in refs.items():
+            gaps = [RESULTS["methods"][name]["measured"][bench.rate_key(g)]["median_s"]
+                    - RESULTS["methods"][ref]["measured"][bench.rate_key(g)]["median_s"] for g in rates]
+            assert b["measured_gbit"] == bench.crossing(rates, gaps), (name, ref)
+
+
+def test_the_ranks_share_one_filter_and_a_crossing_is_interpolated_in_log_rate():
+    bench = _benchmark()
+    fit = {"all_reduce": (1e-4, 2.0), "all_gather": (2e-4, 0.7)}
+    assert bench.link(fit, None) == fit
+    assert bench.link(fit, 1.0) == {"all_reduce": (1e-4, 1.0 / 8 / bench.WORLD_SIZE),
+                                    "all_gather": (2e-4, 1.0 / 8 / bench.WORLD_SIZE)}
+    assert bench.link(fit, 100.0)["all_reduce"] == (1e-4, 2.0)  # faster than the loopback: the loopback's
+    assert bench.crossing([0.1, 1.0, 10.0], [-1.0, -0.5, 0.5]) == pytest.approx(math.sqrt(10))
+    assert bench.crossing([0.1, 1.0], [0.5, 1.0]) is None and bench.crossing([0.1, 1.0], [-1.0, -0.5]) is None
+
+
+def test_without_namespaces_it_says_so_in_one_line_and_exits_2(tmp_path):
+    env = {**os.environ, "PATH": str(tmp_path)}  # no ip, no tc
+    done = subprocess.run([sys.executable, str(benchmark_scripts.ROOT / "benchmarks" / "throttled_links.py")],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2
+    assert done.stdout == "" and len(done.stderr.strip().splitlines()) == 1
+    assert "ip, tc" in done.stderr and "throttled_links.json" in done.stderr
