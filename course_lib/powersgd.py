@@ -63,6 +63,7 @@ from course_lib.lowrank import orthogonalize_, power_step_p, power_step_qt
 from course_lib.memory import ErrorFeedback, ParameterKeys
 from course_lib.utils import checks
 from course_lib.utils.rng import global_generator
+from course_lib.utils.timing import median_seconds
 
 __all__ = [
     "PowerSGDState",
@@ -445,8 +446,6 @@ def encode_decode_seconds(shapes, matrix_approximation_rank: int = 2, repeats: i
     in one process, with error feedback as the hook runs it: add the memory, compress
     (:func:`compress_on_one_process`), keep what compression left out. What a step spends computing
     rather than communicating, for the step-time model (the hook itself interleaves the two)."""
-    from course_lib.utils.timing import median_seconds  # timing is the caller's concern, not the hook's
-
     grads = [torch.randn(s, generator=torch.Generator().manual_seed(i)) for i, s in enumerate(shapes)]
     state = PowerSGDState(None, matrix_approximation_rank=matrix_approximation_rank, start_powerSGD_iter=2)
     work = [g.clone() for g in grads]  # the same tensors every call, so that the memory finds its entries
