@@ -21,8 +21,17 @@ collectives at α and bus bandwidth. Everything but the link is fitted on the un
 the rest from the runs. At a throttled rate R the link's bus bandwidth is the smaller of the fitted
 one and R / p: **one filter carries both directions of every rank's traffic** (a loopback has one
 queue, unlike a full-duplex NIC with a link per direction per machine), so the p ranks of a ring,
-each sending at once, share R, and each gets R / p. The token bucket's burst (256 kB passes at once
-after a pause) is left out of the model: it is a property of this filter, not of a network.
+each sending at once, share R, and each gets R / p.
+
+That model lacks two terms, and the file carries a second prediction with both, each measured, not
+fitted: **the in-step cost** (a collective inside a training step costs more than the benchmark's,
+run alone after a barrier: notebook 10, section 2), each method's measured unthrottled step minus
+the model's prediction there; and **the filter's token bucket**: tbf lets up to its burst (256 kB,
+set here) through at the loopback's speed when the bucket is full, and the bucket refills at R while
+the step is off the link, so a step whose traffic fits in what refilled is hardly throttled at all.
+Per step: T = min(burst, R x the step's time off the link) bytes pass at the unthrottled speed and
+the rest at R (``bucket_link_s``). The burst is this filter's; a network's switch buffers play a
+like part, at other sizes.
 
 Writes benchmarks/results/throttled_links.json (committed): the settings, the unthrottled fit, each
 method's measured step times (median, min, max) and predicted one at each rate with their ratio, and
@@ -62,6 +71,7 @@ CONTEST = ROOT / "benchmarks" / "results" / "compression_contest.json"
 NAMESPACE = "course-throttled-links"
 RATES_GBIT = (0.1, 1.0, 10.0)
 BURST, LATENCY = "256kb", "100ms"
+BURST_BYTES = 256 * 1024  # tc's "kb" is kilobytes of 1024
 WORLD_SIZE, STEPS, TIMED_FROM = 2, 60, 45
 SWEEP_SIZES = [2**k for k in range(10, 21)]  # 1 KB to 1 MB: the contest's payloads, 688 B to 340 kB
 REFERENCES = ("fp32 all-reduce", "bf16")
@@ -75,10 +85,8 @@ def configs() -> dict[str, TrainConfig]:
     """The contest's methods at their chosen settings, and "no communication", for a timing run."""
     contest = json.loads(CONTEST.read_text())
     base = dataclasses.replace(TrainConfig(), **{**contest["base"], "steps": STEPS, "eval_every": STEPS})
-    runs = {name: dataclasses.replace(base, **row["config"], lr=row["best_lr"], momentum=row["best_momentum"])
-            for name, row in contest["methods"].items() if not row["diverged"]}
-    runs["no communication"] = dataclasses.replace(runs["fp32 all-reduce"], hook="noop")
-    return runs
+    return {name: dataclasses.replace(base, **row["run"]) for name, row in contest["methods"].items()
+            if not row["diverged"]}
 
 
 # ------------------------------------------------------------------ inside the namespace (a child process)
@@ -186,6 +194,54 @@ def predict(method: dict, fit: dict, gbit: float | None) -> float:
         else 0.0, collectives=[tuple(c) for c in method["collectives"]], world_size=WORLD_SIZE, links=link(fit, gbit))
 
 
+def wire_bytes(collectives: list) -> float:
+    """Bytes one rank sends in the step's collectives (the bandwidth terms of ``costmodel.collective_time``:
+    2(p-1)/p n for an all-reduce, (p-1) n for an all-gather); the filter carries p times this."""
+    return sum(n * (costmodel.bus_factor(op, WORLD_SIZE) if op == "all_reduce" else WORLD_SIZE - 1)
+               for op, n in collectives)
+
+
+def bucket_link_s(method: dict, fit: dict, gbit: float | None, off_link_s: float) -> float:
+    """Seconds a step's bytes spend on the link through a token bucket of BURST_BYTES at ``gbit``: the
+    tokens refilled while the step was off the link (at most the burst) pass at the fitted speed, the
+    rest at R. Unthrottled (None): the model's bandwidth terms as they are."""
+    sent = wire_bytes(method["collectives"])
+    if not sent:
+        return 0.0
+    fitted = sum(n * (costmodel.bus_factor(op, WORLD_SIZE) if op == "all_reduce" else WORLD_SIZE - 1)
+                 / (fit[op][1] * 1e9) for op, n in method["collectives"])  # each rank at its op's bus bandwidth
+    if gbit is None:
+        return fitted
+    rate = gbit * 1e9 / 8  # bytes per second through the one filter, all ranks together
+    tokens = min(BURST_BYTES, rate * off_link_s)
+    through = WORLD_SIZE * sent
+    return fitted * min(through, tokens) / through + max(0.0, through - tokens) / rate
+
+
+def predict_measured_terms(method: dict, fit: dict, gbit: float | None) -> float:
+    """The model with the two terms it lacks, each measured: the method's unthrottled step as measured
+    (``method["unthrottled_s"]``, which holds the in-step cost), less its bytes' unthrottled time, plus
+    their time through the token bucket at ``gbit``."""
+    base = method["unthrottled_s"] - bucket_link_s(method, fit, None, 0.0)
+    return base + bucket_link_s(method, fit, gbit, base)
+
+
+def break_even_gbit(method: dict, reference: dict, fit: dict, low: float = 1e-3, high: float = 1e3) -> float:
+    """The rate (Gbit/s) below which ``method`` steps faster than ``reference`` by
+    :func:`predict_measured_terms`: inf if it is faster at every rate from ``low`` to ``high``, 0.0 if at
+    none (bisection in log rate, as ``costmodel.break_even_bandwidth``)."""
+    def gap(gbit):
+        return predict_measured_terms(method, fit, gbit) - predict_measured_terms(reference, fit, gbit)
+    if gap(high) < 0:
+        return math.inf
+    if gap(low) >= 0:
+        return 0.0
+    for _ in range(60):
+        mid = math.sqrt(low * high)
+        low, high = (mid, high) if gap(mid) < 0 else (low, mid)
+    return math.sqrt(low * high)
+
+
 def crossing(rates: list[float], gaps: list[float]) -> float | None:
     """The rate (Gbit/s) where ``gaps`` (method minus reference, at increasing ``rates``) turns from
     negative to positive, interpolated linearly in log rate; None if it never does inside the range."""
@@ -208,15 +264,19 @@ def summarize(unthrottled: list[dict], throttled: dict[float, list[dict]]) -> di
         codec_s = (statistics.median(run["powersgd_codec_s"] for run in unthrottled) if name.startswith("PowerSGD")
                    else statistics.median(statistics.mean(r["codec_s"]) for r in rows))
         model = {"compute_s": compute_s, "codec_s": codec_s,
-                 "wait_s": statistics.median(r["wait_s"] for r in rows), "collectives": rows[0]["collectives"]}
-        measured, predicted, ratio = {}, {}, {}
+                 "wait_s": statistics.median(r["wait_s"] for r in rows), "collectives": rows[0]["collectives"],
+                 "unthrottled_s": statistics.median(max(r["step_s"]) for r in rows)}
+        measured, predicted, ratio, with_terms = {}, {}, {}, {}
         for gbit, runs in [(None, unthrottled), *throttled.items()]:
             steps = [max(run["methods"][name]["step_s"]) for run in runs]  # the slower rank, per repeat
             key = rate_key(gbit)
             measured[key] = {"median_s": statistics.median(steps), "min_s": min(steps), "max_s": max(steps)}
             predicted[key] = predict(model, fit, gbit)
             ratio[key] = predicted[key] / measured[key]["median_s"]
-        methods[name] = {"model": model, "measured": measured, "predicted": predicted, "ratio": ratio}
+            with_terms[key] = predict_measured_terms(model, fit, gbit)
+        methods[name] = {"model": model, "measured": measured, "predicted": predicted, "ratio": ratio,
+                         "predicted_with_measured_terms": with_terms,
+                         "ratio_with_measured_terms": {k: with_terms[k] / measured[k]["median_s"] for k in measured}}
     rates = sorted(throttled)
     keys = [rate_key(g) for g in rates]
     break_even = {}
@@ -232,12 +292,15 @@ def summarize(unthrottled: list[dict], throttled: dict[float, list[dict]]) -> di
             predicted = busbw * 8 * WORLD_SIZE if math.isfinite(busbw) else busbw  # back to the filter's Gbit/s
             break_even.setdefault(name, {})[ref] = {"measured_gbit": crossing(rates, gaps),
                                                     "predicted_gbit": predicted,
+                                                    "predicted_with_measured_terms_gbit": break_even_gbit(
+                                                        methods[name]["model"], methods[ref]["model"], fit),
                                                     "faster_at": [k for k, g in zip(keys, gaps) if g < 0]}
     return {"fit": fit, "compute_s": compute_s, "methods": methods, "break_even": break_even}
 
 
 def settings() -> dict:
-    return {"world_size": WORLD_SIZE, "rates_gbit": list(RATES_GBIT), "burst": BURST, "latency": LATENCY,
+    return {"world_size": WORLD_SIZE, "rates_gbit": list(RATES_GBIT), "burst": BURST, "burst_bytes": BURST_BYTES,
+            "latency": LATENCY,
             "steps": STEPS, "timed_from": TIMED_FROM, "sweep_sizes": SWEEP_SIZES,
             "contest": str(CONTEST.relative_to(ROOT))}
 
@@ -259,17 +322,21 @@ def main(rates, repeats: int) -> dict:
 
 def print_table(out: dict) -> None:
     keys = ["unthrottled"] + [rate_key(g) for g in out["settings"]["rates_gbit"]]
-    print(f"{'':18s}" + "".join(f"{k:>30s}" for k in keys))
-    print(f"{'':18s}" + "".join(f"{'measured ms (min-max)  pred  ratio':>30s}" for _ in keys))
+    print(f"{'':18s}" + "".join(f"{k:>36s}" for k in keys))
+    print(f"{'':18s}" + "".join(f"{'measured ms (min-max)  pred  ratio  +terms':>36s}" for _ in keys))
     for name, m in out["methods"].items():
         cells = [f"{1e3 * m['measured'][k]['median_s']:7.2f} ({1e3 * m['measured'][k]['min_s']:.1f}-"
                  f"{1e3 * m['measured'][k]['max_s']:.1f}) {1e3 * m['predicted'][k]:6.2f} {m['ratio'][k]:5.2f}"
-                 for k in keys]
-        print(f"{name:18s}" + "".join(f"{c:>30s}" for c in cells))
-    print("\nbreak-even rate (Gbit/s) below which the method steps faster, measured | predicted:")
+                 f" {m['ratio_with_measured_terms'][k]:5.2f}" for k in keys]
+        print(f"{name:18s}" + "".join(f"{c:>36s}" for c in cells))
+    for label, field in (("the model", "ratio"), ("with the measured terms", "ratio_with_measured_terms")):
+        print(f"mean |predicted / measured - 1|, {label}: " + ", ".join(
+            f"{k} {statistics.mean(abs(m[field][k] - 1) for m in out['methods'].values()):.0%}" for k in keys))
+    print("\nbreak-even rate (Gbit/s) below which the method steps faster, measured | the model | with the terms:")
     for name, refs in out["break_even"].items():
         print(f"  {name:18s}" + "  ".join(
-            f"vs {ref}: {b['measured_gbit'] or '-'!s:>8.8} | {b['predicted_gbit']:.3g}" for ref, b in refs.items()))
+            f"vs {ref}: {b['measured_gbit'] or '-'!s:>8.8} | {b['predicted_gbit']:.3g} | "
+            f"{b['predicted_with_measured_terms_gbit']:.3g}" for ref, b in refs.items()))
 
 
 if __name__ == "__main__":

@@ -330,9 +330,12 @@ class QSGD(Compressor):
         n, b = flat.numel(), self._bucket(flat.numel())
         rows = torch.cat([flat, flat.new_zeros(-n % b)]).view(-1, b)
         norms = rows.norm(dim=1)
-        safe = torch.where(norms > 0, norms, torch.ones_like(norms))
+        safe = torch.where(norms == 0, torch.ones_like(norms), norms)  # nan or inf stays: its levels are zeroed below
         scaled = (rows.abs() / safe[:, None] * self.levels).flatten()[:n]
         level = torch.floor(scaled + self._uniform(scaled))  # floor(s + u): up with probability s - floor(s)
+        # A gradient that is not finite (a run diverging) keeps its nan or inf in the norms, which decompress
+        # multiplies back in, so the loss shows it; its levels, which must be integers to pack, are zeroed.
+        level = torch.nan_to_num(level, nan=0.0, posinf=0.0)
         return [norms, pack_bits(level, self.bits), pack_bits(flat < 0, 1)], tensor.shape
 
     def decompress(self, payload, ctx):
@@ -428,7 +431,8 @@ class TernGrad(Compressor):
             flat = torch.maximum(torch.minimum(flat, limit), -limit)
         scale = flat.abs().max() if flat.numel() else flat.new_zeros(())
         keep = self._uniform(flat) < (flat.abs() / scale if scale > 0 else torch.zeros_like(flat))
-        ternary = torch.sign(flat) * keep  # -1, 0, 1
+        # -1, 0, 1; where the gradient is not finite (a run diverging) 0, and its nan or inf stays in the scale
+        ternary = torch.where(keep, torch.sign(flat), torch.zeros_like(flat))
         return [scale.view(1), pack_bits(ternary + 1, 2)], tensor.shape
 
     def decompress(self, payload, ctx):

@@ -98,8 +98,12 @@ class PeriodicModelAverager:
     def step(self, value: int) -> None:  # set by load_state_dict from a checkpoint: a count of steps
         self._step = checks.integer("the averager's step", value, 0)
 
+    def averages_next(self) -> bool:
+        """Whether the next call of ``average_parameters`` averages (the schedule, in one place)."""
+        return self.step >= self.warmup_steps and (self.step - self.warmup_steps) % self.period == 0
+
     def average_parameters(self, params: Iterable) -> None:
-        if self.step >= self.warmup_steps and (self.step - self.warmup_steps) % self.period == 0:
+        if self.averages_next():
             average_parameters(params, self.process_group, with_grad_only=True)
         self.step += 1
 
@@ -157,6 +161,10 @@ class PostLocalSGDOptimizer(torch.optim.Optimizer):
         loss = self.optim.step(closure)
         self.averager.average_parameters(self.param_groups)
         return loss
+
+    def averages_next(self) -> bool:
+        """Whether the next ``step`` ends with an average of the parameters (the averager's schedule)."""
+        return self.averager.averages_next()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optim.zero_grad(set_to_none=set_to_none)
@@ -239,13 +247,18 @@ class DiLoCo:
         """The inner optimizer's ``zero_grad``: DiLoCo is called where an optimizer would be."""
         self.inner.zero_grad(set_to_none=set_to_none)
 
+    def averages_next(self) -> bool:
+        """Whether the next ``step`` ends with the outer step (an all-reduce of the pseudo-gradient)."""
+        return (self.inner_steps + 1) % self.period == 0
+
     @torch.no_grad()
     def step(self) -> bool:
         """One inner step; the outer step too when ``period`` inner steps have passed. Returns
         whether the ranks communicated."""
+        outer = self.averages_next()
         self.inner.step()
         self.inner_steps += 1
-        if self.inner_steps % self.period:
+        if not outer:
             return False
         delta = torch.cat([(s - p).reshape(-1) for s, p in zip(self.shared, self.params)])
         sent = delta if self.compress is None else self.compress(delta)

@@ -485,13 +485,9 @@ def _record_step(out: TrainResult, loss: torch.Tensor, model: DDP, state, proces
 
 def _averages_now(opt) -> bool:
     """Whether this step ends with an average: of the parameters (local SGD's averager) or of DiLoCo's
-    pseudo-gradient (its outer step); False for a plain optimizer, whose hook counts its own traffic."""
-    if isinstance(opt, local_sgd.DiLoCo):
-        return (opt.inner_steps + 1) % opt.period == 0
-    if isinstance(opt, local_sgd.PostLocalSGDOptimizer):
-        averager = opt.averager
-        return averager.step >= averager.warmup_steps and (averager.step - averager.warmup_steps) % averager.period == 0
-    return False
+    pseudo-gradient (its outer step), as the optimizer's own schedule says; False for a plain
+    optimizer, whose hook counts its own traffic."""
+    return isinstance(opt, (local_sgd.DiLoCo, local_sgd.PostLocalSGDOptimizer)) and opt.averages_next()
 
 
 def _ranks_mean(net: nn.Module) -> nn.Module:

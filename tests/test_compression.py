@@ -99,6 +99,20 @@ def test_the_bytes_counted_on_the_wire_are_wire_bytes_for_every_compressor_and_d
         assert promised > 0
 
 
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf], ids=str)
+@pytest.mark.parametrize("compressor", ALL, ids=repr)
+def test_a_gradient_that_is_not_finite_comes_back_not_finite_without_an_error(compressor, bad):
+    """A diverging run must stop where its loss stops being finite, not crash inside a compressor (QSGD and
+    TernGrad pack integer levels, which a nan is not), nor come back finite and hide the divergence."""
+    n = sum(compressor.numels) if isinstance(compressor, C.PerTensor) else 300
+    x = torch.randn(n, generator=torch.Generator().manual_seed(0))
+    x[7] = bad
+    payload, ctx = compressor.compress(x)
+    out = compressor.decompress(payload, ctx)
+    kept = not isinstance(compressor, (C.RandomK, C.Threshold, C.TopK))  # those may drop entry 7: then finite
+    assert (not torch.isfinite(out).all()) if kept else out.shape == x.shape
+
+
 def test_signs_travel_as_one_bit_each():
     assert C.SignSGD().wire_bytes(8 * 1000) == 4 + 1000  # the scale, then a byte per 8 signs
     assert C.TernGrad().wire_bytes(4 * 1000) == 4 + 1000  # the scale, then a byte per 4 entries

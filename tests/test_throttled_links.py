@@ -40,6 +40,52 @@ def test_each_prediction_is_the_model_on_the_recorded_fit_and_each_ratio_its_quo
             assert m["ratio"][k] == pytest.approx(predicted / m["measured"][k]["median_s"], rel=1e-9)
 
 
+def test_the_second_prediction_is_the_model_with_its_measured_terms_and_the_bucket():
+    bench = _benchmark()
+    for name, m in RESULTS["methods"].items():
+        assert m["model"]["unthrottled_s"] == m["measured"]["unthrottled"]["median_s"], name
+        for k, predicted in m["predicted_with_measured_terms"].items():
+            gbit = None if k == "unthrottled" else float(k.split()[0])
+            assert bench.predict_measured_terms(m["model"], RESULTS["fit"], gbit) == pytest.approx(predicted, rel=1e-9)
+            assert m["ratio_with_measured_terms"][k] == pytest.approx(predicted / m["measured"][k]["median_s"])
+    for name, refs in RESULTS["break_even"].items():
+        for ref, b in refs.items():
+            assert b["predicted_with_measured_terms_gbit"] == pytest.approx(bench.break_even_gbit(
+                RESULTS["methods"][name]["model"], RESULTS["methods"][ref]["model"], RESULTS["fit"]), rel=1e-9)
+
+
+def test_the_token_bucket_against_a_hand_computation():
+    bench = _benchmark()
+    assert bench.WORLD_SIZE == 2
+    fit = {"all_reduce": (0.0, 1.0), "all_gather": (0.0, 0.5)}  # GB/s
+    method = {"collectives": [("all_reduce", 1e6)]}  # each rank sends 2(p-1)/p x 1e6 = 1e6 bytes, the filter 2e6
+    assert bench.bucket_link_s(method, fit, None, 0.0) == pytest.approx(1e-3)  # 1e6 B at 1 GB/s
+    # 8 Gbit/s = 1e9 B/s; 1e-4 s off the link refills 1e5 B: 1e5 of 2e6 at the loopback's speed, the rest at R
+    assert bench.bucket_link_s(method, fit, 8.0, 1e-4) == pytest.approx(1e-3 * 1e5 / 2e6 + 1.9e6 / 1e9)
+    # a long pause fills the bucket only up to its burst
+    assert bench.bucket_link_s(method, fit, 8.0, 1.0) == pytest.approx(
+        1e-3 * bench.BURST_BYTES / 2e6 + (2e6 - bench.BURST_BYTES) / 1e9)
+    # traffic within the tokens is not throttled at all; an all-gather sends (p - 1) n per rank
+    small = {"collectives": [("all_gather", 1e4)]}
+    assert bench.bucket_link_s(small, fit, 0.1, 1.0) == bench.bucket_link_s(small, fit, None, 0.0) == \
+        pytest.approx(1e4 / 0.5e9)
+    assert bench.bucket_link_s({"collectives": []}, fit, 0.1, 0.0) == 0.0
+
+
+def test_the_break_even_with_the_measured_terms_is_where_the_two_predictions_cross():
+    bench = _benchmark()
+    fit = {"all_reduce": (0.0, 1.0), "all_gather": (0.0, 1.0)}
+    fast_big = {"collectives": [("all_reduce", 1e7)], "unthrottled_s": 0.011}  # 10 ms of bytes unthrottled
+    slow_small = {"collectives": [("all_reduce", 1e4)], "unthrottled_s": 0.020}
+    b = bench.break_even_gbit(slow_small, fast_big, fit)
+    assert 1e-3 < b < 1e3
+    for gbit, sign in ((b / 1.01, -1), (b * 1.01, 1)):
+        gap = (bench.predict_measured_terms(slow_small, fit, gbit) - bench.predict_measured_terms(fast_big, fit, gbit))
+        assert math.copysign(1, gap) == sign
+    assert bench.break_even_gbit(fast_big, fast_big, fit) == 0.0  # never faster than itself
+    assert bench.break_even_gbit(dict(slow_small, unthrottled_s=0.001), fast_big, fit) == math.inf
+
+
 def test_each_measured_break_even_is_where_the_measured_times_cross():
     bench = _benchmark()
     rates = RESULTS["settings"]["rates_gbit"]
