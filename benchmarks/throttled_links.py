@@ -285,7 +285,8 @@ def summarize(unthrottled: list[dict], throttled: dict[float, list[dict]]) -> di
             if name == ref or name == "no communication":
                 continue
             gaps = [methods[name]["measured"][k]["median_s"] - methods[ref]["measured"][k]["median_s"] for k in keys]
-            method, reference = ({k: v for k, v in methods[n]["model"].items() if k != "wait_s"} for n in (name, ref))
+            method, reference = ({k: v for k, v in methods[n]["model"].items() if k not in ("wait_s", "unthrottled_s")}
+                                 for n in (name, ref))
             method["collectives"] = [tuple(c) for c in method["collectives"]]
             reference["collectives"] = [tuple(c) for c in reference["collectives"]]
             busbw = costmodel.break_even_bandwidth(method, reference, WORLD_SIZE, fit["all_reduce"][0])
@@ -314,6 +315,9 @@ def main(rates, repeats: int) -> dict:
             for gbit in rates:
                 throttled[gbit].append(ns.measure(gbit))
                 print(f"repeat {repeat + 1}/{repeats}: {gbit:g} Gbit/s", flush=True)
+    # the raw timings, kept where a failure below would otherwise lose minutes of measurement
+    raw = Path(tempfile.gettempdir(), "throttled_links.raw.json")
+    raw.write_text(json.dumps([unthrottled, list(throttled.items())]))
     return {"settings": dict(settings(), rates_gbit=list(rates), repeats=repeats),
             **summarize(unthrottled, throttled),
             "machine": {"python": platform.python_version(), "torch": torch.__version__,

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from course_lib.notebooks import throttled_links as reader
 from tests import benchmark_scripts
 
 RESULTS = benchmark_scripts.results("throttled_links")
@@ -114,3 +115,18 @@ def test_without_namespaces_it_says_so_in_one_line_and_exits_2(tmp_path):
     assert done.returncode == 2
     assert done.stdout == "" and len(done.stderr.strip().splitlines()) == 1
     assert "ip, tc" in done.stderr and "throttled_links.json" in done.stderr
+
+
+def test_the_notebooks_reader_shows_what_the_file_records(capsys):
+    r = reader.load()
+    assert reader.rates(r) == [f"{g:g} Gbit/s" for g in r["settings"]["rates_gbit"]] + ["unthrottled"]
+    for k in reader.rates(r):
+        for prediction, field in (("model", "predicted"), ("with measured terms", "predicted_with_measured_terms")):
+            direct = [abs(m[field][k] / m["measured"][k]["median_s"] - 1) for m in r["methods"].values()]
+            assert reader.mean_error(r, k, prediction) == pytest.approx(sum(direct) / len(direct))
+    reader.print_steps(r)
+    reader.print_break_evens(r)
+    out = capsys.readouterr().out
+    assert all(name in out for name in r["methods"])
+    with pytest.raises(FileNotFoundError, match="throttled_links.py"):
+        reader.load(benchmark_scripts.ROOT / "no such file.json")

@@ -14,5 +14,7 @@ below imports it.
   (notebook 08);
 * ``sharding_runs``, ``local_sgd_runs``: the runs of notebooks 05 and 11, each a worker that trains
   and measures;
-* ``gpu_results``: what ``benchmarks/gpu_check.py`` measured on a GPU, always named with the device.
+* ``gpu_results``: what ``benchmarks/gpu_check.py`` measured on a GPU, always named with the device;
+* ``throttled_links``: what ``benchmarks/throttled_links.py`` measured on links throttled for real, beside
+  the step-time model's predictions.
 """
