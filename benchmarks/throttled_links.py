@@ -9,7 +9,7 @@ it (``ip netns exec``), so every byte they exchange goes through the filter. The
 afterwards, whatever happens.
 
 For every method of the contest (notebook 10, at the setting ``compression_contest.json`` chose) and
-"no communication", at each rate and unthrottled, it trains 60 steps and times steps 46-60 (after
+"no communication", at each rate and unthrottled, it trains 105 steps and times steps 46-105 (after
 PowerSGD's and DGC's warm-ups), on each rank; a run's step time is the slower rank's median. Each
 (rate, method) is run ``--repeats`` times, the rates interleaved, so that the machine's drift falls on
 all of them alike: the median and the spread (min, max) over the repeats are kept.
@@ -42,7 +42,7 @@ Needs Linux and root (network namespaces and ``tc``). Where they are not permitt
 a container without CAP_NET_ADMIN), it says so in one line and exits with status 2; the notebooks
 read the committed file.
 
-    sudo .venv/bin/python benchmarks/throttled_links.py                 # about 3 minutes on 2 cores
+    sudo .venv/bin/python benchmarks/throttled_links.py                 # about 10 minutes on 2 cores
     sudo .venv/bin/python benchmarks/throttled_links.py --repeats 1 --rates 1
 """
 
@@ -72,7 +72,7 @@ NAMESPACE = "course-throttled-links"
 RATES_GBIT = (0.1, 1.0, 10.0)
 BURST, LATENCY = "256kb", "100ms"
 BURST_BYTES = 256 * 1024  # tc's "kb" is kilobytes of 1024
-WORLD_SIZE, STEPS, TIMED_FROM = 2, 60, 45
+WORLD_SIZE, STEPS, TIMED_FROM = 2, 105, 45
 SWEEP_SIZES = [2**k for k in range(10, 21)]  # 1 KB to 1 MB: the contest's payloads, 688 B to 340 kB
 REFERENCES = ("fp32 all-reduce", "bf16")
 
@@ -346,7 +346,7 @@ def print_table(out: dict) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rates", type=float, nargs="+", default=list(RATES_GBIT), help="Gbit/s")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # the child inside the namespace: where to write
     parser.add_argument("--sweep", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -441,11 +441,13 @@ def compress_on_one_process(state: PowerSGDState, grads: list[torch.Tensor]) -> 
     return grads
 
 
-def encode_decode_seconds(shapes, matrix_approximation_rank: int = 2, repeats: int = 20) -> float:
+def encode_decode_seconds(shapes, matrix_approximation_rank: int = 2, repeats: int = 20, threads: int = 1) -> float:
     """Median seconds of one step of PowerSGD's computation on gradients of ``shapes`` (random, fixed),
     in one process, with error feedback as the hook runs it: add the memory, compress
     (:func:`compress_on_one_process`), keep what compression left out. What a step spends computing
-    rather than communicating, for the step-time model (the hook itself interleaves the two)."""
+    rather than communicating, for the step-time model (the hook itself interleaves the two). On
+    ``threads`` compute threads, as a worker computes (``spawn`` gives each of 2 workers on 2 cores one)."""
+    checks.integer("threads", threads, 1)
     grads = [torch.randn(s, generator=torch.Generator().manual_seed(i)) for i, s in enumerate(shapes)]
     state = PowerSGDState(None, matrix_approximation_rank=matrix_approximation_rank, start_powerSGD_iter=2)
     work = [g.clone() for g in grads]  # the same tensors every call, so that the memory finds its entries
@@ -458,7 +460,12 @@ def encode_decode_seconds(shapes, matrix_approximation_rank: int = 2, repeats: i
         compress_on_one_process(state, work)
         state.memory.update(layout, corrected, torch.cat([w.flatten() for w in work]))
 
-    return median_seconds(step, repeats=repeats)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return median_seconds(step, repeats=repeats)
+    finally:
+        torch.set_num_threads(saved)
 
 
 def powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

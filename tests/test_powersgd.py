@@ -437,3 +437,11 @@ def test_torchs_hook_trains_on_cpu_tensors_where_a_gpu_is_visible():
     # worker lets a synchronize of the CPU pass. Without that, this CPU build raises in the hook.
     losses = spawn(W.torch_hook_on_cpu_with_a_gpu_visible, 2, backend="gloo", timeout_s=120)
     assert losses[0] == losses[1] and len(losses[0]) == 6 and all(math.isfinite(v) for v in losses[0])
+
+
+def test_encode_decode_seconds_times_on_the_threads_asked_and_gives_the_others_back():
+    before = torch.get_num_threads()
+    seconds = powersgd.encode_decode_seconds([(64, 32), (32,)], 2, repeats=3, threads=1)
+    assert 0 < seconds < 1 and torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="threads"):
+        powersgd.encode_decode_seconds([(4, 4)], threads=0)
