@@ -42,8 +42,10 @@ def print_steps(results: dict, names=None) -> None:
     for the model and for the model with its measured terms."""
     names = list(results["methods"]) if names is None else names
     keys = rates(results)
-    print(f"step time, ms: measured median (min-max) over {results['settings']['repeats']} repeats; "
-          "predicted / measured by the model | with its measured terms")
+    print(f"step time, ms, at each rate of the one filter (shared by the {results['settings']['world_size']} ranks: "
+          f"each gets 1/{results['settings']['world_size']}): measured median (min-max) over "
+          f"{results['settings']['repeats']} repeats;\npredicted / measured by the model | by the model with its "
+          "measured terms (exact unthrottled by construction: measured there)")
     print(f"{'':18s}" + "".join(f"{k:>29s}" for k in keys))
     for name in names:
         m = results["methods"][name]
