@@ -1,28 +1,29 @@
-"""The compression contest of notebook 10, each method at its best: a sweep of momentum and learning rate
-chosen on a validation split, then fresh seeds scored on the test split.
+"""The compression contest of notebook 10, each method at its best: a sweep of momentum and learning
+rate chosen on a validation split, then fresh seeds scored on the test split.
 
 Every method trains the same model (the digits MLP, hidden 256, 150 steps of 64 on 2 gloo ranks,
 each an iid half of every batch) over the same grid: momentum 0.9 at three rates, and momentum 0
-(plain SGD, as Stich et al.'s and Karimireddy et al.'s error-feedback algorithms are written) at four
-larger ones. DGC keeps its momentum in the hook (swept over the same 0.9 and 0) and trains with the
-optimizer's at 0; "no communication" (each rank alone on its half: the noop hook) is swept like the
-others. Seven settings each (random-k and signSGD at smaller rates with momentum 0.9, random-k x100
-ten times smaller in both arms, where first sweeps found the best lower). Each setting is run with seeds 0 and 1 and scored on a
-validation split (20% of the training images, the same for every seed); a setting at which a seed
-diverged (a loss that is not finite) is out; of the others the best mean validation accuracy (the
-mean of the last five evaluations, steps 130-150) is the method's choice. The choice is then run
-with three fresh seeds (10, 11, 12) and scored on the test split (449 images), which chose nothing.
-A method with no setting left is marked diverged. Each method runs as its paper runs it (the
-``variant`` column): QSGD, signSGD and TernGrad scale each parameter's gradient on its own.
+(plain SGD, as Stich et al.'s and Karimireddy et al.'s error-feedback algorithms are written) at
+four larger ones. DGC keeps its momentum in the hook (swept over the same 0.9 and 0) and trains with
+the optimizer's at 0; "no communication" (each rank alone on its half: the noop hook) is swept like
+the others. Seven settings each (random-k and signSGD at smaller rates with momentum 0.9, random-k
+x100 ten times smaller in both arms, where first sweeps found the best lower). Each setting is run
+with seeds 0 and 1 and scored on a validation split (20% of the training images, the same for every
+seed); a setting at which a seed diverged (a loss that is not finite) is out; of the others the best
+mean validation accuracy (the mean of the last five evaluations, steps 130-150) is the method's
+choice. The choice is then run with three fresh seeds (10, 11, 12) and scored on the test split (449
+images), which chose nothing. A method with no setting left is marked diverged. Each method runs as
+its paper runs it (the ``variant`` column): QSGD, signSGD and TernGrad scale each parameter's
+gradient on its own.
 
 Writes benchmarks/results/compression_contest.json (committed): the sweep (validation accuracy of
 each seed), the chosen setting and the exact fields it trains with (``run``), the test accuracy of
 each reported seed with their mean and standard deviation, the steps to the target accuracy, the
-bytes per step (exact) and this machine's step time. Notebooks 09 and 10 read the chosen settings and
-rerun the reported seeds; tests/test_compression_contest.py checks that each choice is its sweep's
-best on validation and that one run reproduces its row.
+bytes per step (exact) and this machine's step time. Notebooks 09 and 10 read the chosen settings
+and rerun the reported seeds; tests/test_compression_contest.py checks that each choice is its
+sweep's best on validation and that one run reproduces its row.
 
-    .venv/bin/python benchmarks/compression_contest.py            # the whole sweep (about 10 minutes on 2 cores)
+    .venv/bin/python benchmarks/compression_contest.py            # the whole sweep (about 5 minutes on 2 cores)
 """
 
 import dataclasses
