@@ -1,12 +1,12 @@
 """The compression contest at 2, 8 and 64 workers, on iid and non-iid shards, chosen on a validation split.
 
-The contest of notebook 09 (``compression_contest.py``) runs 2 workers and chooses each method's
-setting on the test images it reports. This one asks the same question where the answer can depend
-on it: p workers (``course_lib.simulated``: p ranks as threads, the methods' own code, only the
-transport in memory; ``tests/test_simulated.py`` checks it against gloo processes), a global batch
-that stays 128 as p grows (each worker's share shrinks to 2 at p = 64, so a worker alone learns
-from a small batch), and two ways of dealing the data: iid (each worker a share of every batch)
-and non-iid (each worker a shard of its own, its classes' shares drawn from Dirichlet(0.5)).
+The contest of notebook 10's first section (``compression_contest.py``) runs 2 gloo workers on one
+model. This one asks the same question where the answer can depend on the number of workers: p
+workers (``course_lib.simulated``: p ranks as threads, the methods' own code, only the transport in
+memory; ``tests/test_simulated.py`` checks it against gloo processes), a global batch that stays 128
+as p grows (each worker's share shrinks to 2 at p = 64, so a worker alone learns from a small
+batch), and two ways of dealing the data: iid (each worker a share of every batch) and non-iid (each
+worker a shard of its own, its classes' shares drawn from Dirichlet(0.5)).
 
 Every method gets the same budget: momentum 0 and 0.9 (DGC: its in-hook momentum, the optimizer's
 at 0), three learning rates each, spanning the same effective step lr / (1 - momentum) of 0.3 to 3

@@ -1,12 +1,12 @@
 """The contest's step times on slow links made real, against the step-time model fitted without them.
 
-Notebook 10 predicts, with a step-time model fitted on this machine's loopback (about 2 GB/s), where
-each compressor starts to pay: below a few tenths of a GB/s, where the model was never checked. This
-script checks it there. It creates a network namespace of its own (``ip netns add``), brings its
-loopback up, and throttles it with a token-bucket filter (``tc qdisc replace dev lo root tbf rate R
-burst 256kb latency 100ms``; ``netem`` is not needed); the contest's 2 gloo processes then run inside
-it (``ip netns exec``), so every byte they exchange goes through the filter. The namespace is removed
-afterwards, whatever happens.
+Notebook 10 predicts, with a step-time model fitted on this machine's loopback (about 1 to 2 GB/s of
+bus bandwidth), where each compressor starts to pay: below a few tenths of a GB/s, where the model
+was never checked. This script checks it there. It creates a network namespace of its own (``ip
+netns add``), brings its loopback up, and throttles it with a token-bucket filter (``tc qdisc
+replace dev lo root tbf rate R burst 256kb latency 100ms``; ``netem`` is not needed); the contest's
+2 gloo processes then run inside it (``ip netns exec``), so every byte they exchange goes through
+the filter. The namespace is removed afterwards, whatever happens.
 
 For every method of the contest (notebook 10, at the setting ``compression_contest.json`` chose) and
 "no communication", at each rate and unthrottled, it trains 105 steps and times steps 46-105 (after
