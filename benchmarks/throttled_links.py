@@ -232,14 +232,7 @@ def break_even_gbit(method: dict, reference: dict, fit: dict, low: float = 1e-3,
     none (bisection in log rate, as ``costmodel.break_even_bandwidth``)."""
     def gap(gbit):
         return predict_measured_terms(method, fit, gbit) - predict_measured_terms(reference, fit, gbit)
-    if gap(high) < 0:
-        return math.inf
-    if gap(low) >= 0:
-        return 0.0
-    for _ in range(60):
-        mid = math.sqrt(low * high)
-        low, high = (mid, high) if gap(mid) < 0 else (low, mid)
-    return math.sqrt(low * high)
+    return costmodel.below_which(gap, low, high)
 
 
 def crossing(rates: list[float], gaps: list[float]) -> float | None:

@@ -57,7 +57,9 @@ above (``tests/test_package.py`` reads every import and fails on one that runs u
   notebook 04), ``notebooks.ddp_debugging`` (a desync, a missing rank, a hung job, the profiler and DDP's
   settings at work, notebook 04), ``notebooks.hook_runs`` (runs told as how they ended, and the hooks' timelines,
   notebook 08), ``notebooks.sharding_runs`` and ``notebooks.local_sgd_runs`` (the runs of notebooks
-  05 and 11), ``notebooks.gpu_results`` (what ``benchmarks/gpu_check.py`` measured on a GPU).
+  05 and 11), ``notebooks.gpu_results`` (what ``benchmarks/gpu_check.py`` measured on a GPU),
+  ``notebooks.throttled_links`` (what ``benchmarks/throttled_links.py`` measured on links throttled for
+  real, beside the step-time model).
 """
 
 __version__ = "0.1.0"

@@ -31,7 +31,7 @@ import torch
 from course_lib.utils import checks
 
 __all__ = ["ALGORITHMS", "alpha_beta_time", "fit_alpha_beta", "BUS_FACTORS", "bus_factor", "ring_all_reduce_time",
-           "ring_crossover_bytes", "fit_ring_all_reduce", "predict_step_time", "Interconnect",
+           "below_which", "ring_crossover_bytes", "fit_ring_all_reduce", "predict_step_time", "Interconnect",
            "INTERCONNECTS", "collective_time", "fit_collective", "predict_compressed_step_time",
            "break_even_bandwidth", "periodic_step_time", "break_even_period"]
 
@@ -244,11 +244,19 @@ def break_even_bandwidth(method: dict, reference: dict, world_size: int, alpha_s
     if gap(high) < 0 <= gap(low):
         raise ValueError("the method is faster only above some bandwidth, not below one: swap method and "
                          "reference to get the bandwidth below which the reference is faster")
+    return below_which(gap, low, high)
+
+
+def below_which(gap, low: float, high: float, iterations: int = 200) -> float:
+    """The x between ``low`` and ``high`` below which ``gap(x)`` is negative, for a gap that turns from
+    negative to non-negative once as x grows (a method's step time minus a reference's, against the
+    bandwidth): ``inf`` if it is negative even at ``high``, ``0.0`` if not even at ``low``; else
+    bisection in log x."""
     if gap(high) < 0:
         return float("inf")
     if gap(low) >= 0:
         return 0.0
-    for _ in range(200):
+    for _ in range(iterations):
         mid = math.sqrt(low * high)
         low, high = (mid, high) if gap(mid) < 0 else (low, mid)
     return math.sqrt(low * high)
