@@ -194,11 +194,15 @@ def predict(method: dict, fit: dict, gbit: float | None) -> float:
         else 0.0, collectives=[tuple(c) for c in method["collectives"]], world_size=WORLD_SIZE, links=link(fit, gbit))
 
 
+def _sent(op: str, nbytes: float) -> float:
+    """Bytes one rank sends in one collective (the bandwidth term of ``costmodel.collective_time``:
+    2(p-1)/p n for an all-reduce, (p-1) n for an all-gather)."""
+    return nbytes * (costmodel.bus_factor(op, WORLD_SIZE) if op == "all_reduce" else WORLD_SIZE - 1)
+
+
 def wire_bytes(collectives: list) -> float:
-    """Bytes one rank sends in the step's collectives (the bandwidth terms of ``costmodel.collective_time``:
-    2(p-1)/p n for an all-reduce, (p-1) n for an all-gather); the filter carries p times this."""
-    return sum(n * (costmodel.bus_factor(op, WORLD_SIZE) if op == "all_reduce" else WORLD_SIZE - 1)
-               for op, n in collectives)
+    """Bytes one rank sends in the step's collectives; the filter carries p times this."""
+    return sum(_sent(op, n) for op, n in collectives)
 
 
 def bucket_link_s(method: dict, fit: dict, gbit: float | None, off_link_s: float) -> float:
@@ -208,8 +212,7 @@ def bucket_link_s(method: dict, fit: dict, gbit: float | None, off_link_s: float
     sent = wire_bytes(method["collectives"])
     if not sent:
         return 0.0
-    fitted = sum(n * (costmodel.bus_factor(op, WORLD_SIZE) if op == "all_reduce" else WORLD_SIZE - 1)
-                 / (fit[op][1] * 1e9) for op, n in method["collectives"])  # each rank at its op's bus bandwidth
+    fitted = sum(_sent(op, n) / (fit[op][1] * 1e9) for op, n in method["collectives"])  # each rank at its op's busbw
     if gbit is None:
         return fitted
     rate = gbit * 1e9 / 8  # bytes per second through the one filter, all ranks together
