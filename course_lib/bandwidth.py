@@ -6,8 +6,9 @@
 * :func:`measure_collective` times each run on its own between barriers (the slowest rank, the
   median of the runs): what one collective issued after a synchronization costs;
 * :func:`sweep` runs either over sizes and ops, in a worker;
-* :func:`ping_pong` times point-to-point messages, to fit alpha and beta; :func:`measure_gamma`
-  times an addition;
+* :func:`one_message` times one message from rank 0 to rank 1 on :func:`measure_collective`'s harness,
+  the one the algorithms are timed with: what alpha and beta are fitted to; :func:`ping_pong` times
+  half a round trip, the textbook's way, to set beside it; :func:`measure_gamma` times an addition;
 * :func:`time_algorithms` times the course's own collectives against gloo's all-reduce;
 * :func:`concurrent_messages` times 1, 2, … messages in flight at once, and the cores they keep busy
   (:func:`time_with_cpu`): whether ranks on one machine have a link each, as the α-β model assumes.
@@ -28,7 +29,8 @@ from course_lib.launch import report_progress, worker_device
 from course_lib.utils import checks
 from course_lib.utils.timing import median_seconds
 
-__all__ = ["measure_like_nccl_tests", "time_like_nccl_tests", "measure_collective", "METHODS", "sweep", "ping_pong",
+__all__ = ["measure_like_nccl_tests", "time_like_nccl_tests", "measure_collective", "METHODS", "sweep", "one_message",
+           "send_to_rank_1", "ping_pong",
            "time_algorithms", "measure_gamma", "time_with_cpu", "concurrent_messages"]
 
 
@@ -190,6 +192,32 @@ def sweep(rank: int, world_size: int, ops=("all_reduce",), sizes_bytes=None, ite
             out.setdefault(op, []).extend(METHODS[method](op, [size], iters=iters, warmup=warmup, device=device))
             report_progress()
     return out
+
+
+def send_to_rank_1(t: torch.Tensor) -> None:
+    """One message: rank 0 sends ``t`` to rank 1, which receives it into its own ``t``. Other ranks idle."""
+    rank = dist.get_rank()
+    if rank == 0:
+        dist.send(t, dst=1)
+    elif rank == 1:
+        dist.recv(t, src=0)
+
+
+def one_message(rank: int, world_size: int, sizes_bytes, iters: int = 5, warmup: int = 1) -> list[dict]:
+    """Worker: one message of each size from rank 0 to rank 1, timed as :func:`measure_collective`
+    times the collectives (each run on its own between barriers, the slowest rank, the median of
+    ``iters`` after ``warmup``): alpha and beta fitted to these rows are tested on the same harness.
+
+    One dict per size, keys as :func:`measure_collective`'s (``busbw_GBps`` = ``algbw_GBps``: one
+    message crosses one link). Other ranks only wait at the barriers. As in :func:`ping_pong`, 20
+    untimed messages first: the first between two processes are slow (connections, caches).
+    """
+    if world_size < 2:
+        raise ValueError(f"one_message needs 2 or more ranks (rank 0 sends to rank 1), got world_size={world_size}")
+    warm = torch.zeros(1)
+    for _ in range(20):
+        send_to_rank_1(warm)
+    return measure_collective("broadcast", sizes_bytes, iters=iters, warmup=warmup, fn=send_to_rank_1)
 
 
 def _bounce(t: torch.Tensor, rank: int) -> None:

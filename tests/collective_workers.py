@@ -128,3 +128,29 @@ def through_host_memory(rank, world_size):
     left = torch.tensor([float((rank - 1) % world_size)])
     out["shift"] = torch.equal(C.ring_shift(torch.tensor([float(rank)])), left)
     return out
+
+
+def measure_collective_of_known_sleeps(rank, world_size, d):
+    """measure_collective of a run whose durations are known, on a fake clock: the warm-up takes 20 d;
+    timed run k takes (rank + 1) d, five times longer when k is 0 or 4 (so mean, median, max differ)."""
+    from course_lib.bandwidth import measure_collective
+    from tests.fake_clock import fake_clock
+
+    calls = []
+    with fake_clock() as clock:
+        def run(t):
+            k = len(calls) - 1
+            calls.append(k)
+            clock.spend(20 * d if k < 0 else (rank + 1) * d * (5 if k in (0, 4) else 1))
+
+        (row,) = measure_collective("all_reduce", [4096], iters=5, warmup=1, fn=run)
+    return row["time_s"], len(calls)
+
+
+def one_message_arrives(rank, world_size):
+    """bandwidth.send_to_rank_1 on a tensor that differs by rank, and one_message's rows."""
+    from course_lib.bandwidth import one_message, send_to_rank_1
+
+    t = torch.full((1000,), float(rank + 1))
+    send_to_rank_1(t)
+    return t.tolist(), one_message(rank, world_size, [4096, 4 * 2**20], iters=2)

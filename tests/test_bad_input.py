@@ -247,6 +247,7 @@ BANDWIDTH = [  # refused before any collective: no process group is needed to se
     (lambda b: b.sweep(0, 2, sizes_bytes=[0]), "each of sizes_bytes must be an integer >= 1, got 0"),
     (lambda b: b.sweep(0, 2, method="nccl"), "unknown method 'nccl'"),
     (lambda b: b.ping_pong(0, 1, [4096]), "ping_pong needs 2 or more ranks"),
+    (lambda b: b.one_message(0, 1, [4096]), "one_message needs 2 or more ranks"),
     (lambda b: b.ping_pong(0, 2, [4096], iters=0), "iters must be an integer >= 1, got 0"),
     (lambda b: b.time_algorithms(0, 2, [-1]), "each of sizes_bytes must be an integer >= 1, got -1"),
     (lambda b: b.measure_gamma(nbytes=0), "nbytes must be an integer >= 4, got 0"),

@@ -31,6 +31,28 @@ def test_measure_collective_on_gloo(world_size):
             assert math.isclose(r["busbw_GBps"], r["algbw_GBps"] * NCCL_TESTS_BUS_FACTORS[op](world_size))
 
 
+def test_measure_collective_is_the_median_of_the_slowest_rank():
+    # A fake clock (exact on any machine): run k of rank r takes (r + 1) d, 5 (r + 1) d when k is 0 or 4.
+    # The slowest rank of 3 takes 3 d per run and 15 d in runs 0 and 4: median 3 d. A mean would give
+    # 7.8 d, rank 0's own median d, a timing that counted the warm-up (20 d) among the runs 9 d.
+    d = 0.01
+    per_rank = spawn(W.measure_collective_of_known_sleeps, 3, d, backend="gloo")
+    assert all(calls == 6 for _, calls in per_rank)
+    assert all(seconds == pytest.approx(3 * d, rel=1e-12) for seconds, _ in per_rank)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_one_message_goes_from_rank_0_to_rank_1_only(world_size):
+    per_rank = spawn(W.one_message_arrives, world_size, backend="gloo")
+    received = [values for values, _ in per_rank]
+    assert received[1] == [1.0] * 1000  # rank 0's tensor
+    assert received[0] == [1.0] * 1000 and all(received[r] == [r + 1.0] * 1000 for r in range(2, world_size))
+    rows = per_rank[0][1]
+    assert all(r == rows for _, r in per_rank)  # the slowest rank's time, agreed on by all
+    assert [r["size_bytes"] for r in rows] == [4096, 4 * 2**20]
+    assert all(r["busbw_GBps"] == r["algbw_GBps"] == r["size_bytes"] / r["time_s"] / 1e9 for r in rows)
+
+
 def test_ping_pong_times_grow_with_size():
     rows = spawn(bw.ping_pong, 2, [4096, 32 * 2**20], 3, backend="gloo")[0]
     assert [n for n, _ in rows] == [4096, 32 * 2**20]

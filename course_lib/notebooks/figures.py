@@ -11,7 +11,9 @@
 
 It also draws plots of a notebook's own results: ``plot_graph_states`` (notebook 01: the autograd
 graph at each moment of a step), ``plot_ring_trace`` (what ``ring_allreduce.png`` draws, from any traced run) and
-``plot_timeline`` (notebook 03: backward and all-reduces of one step, per rank, per wrapper).
+``plot_timeline`` (notebook 03: backward and all-reduces of one step, per rank, per wrapper),
+``plot_alpha_beta_fit`` (notebook 02: a fit of time = alpha + n beta against its points, and their
+ratio) and ``plot_busbw`` (notebook 02: bus bandwidth against message size, measured and modelled).
 """
 
 import math
@@ -26,7 +28,7 @@ from course_lib.launch import spawn
 from course_lib.notebooks.demos import ring_trace
 
 __all__ = ["ddp_procedure", "bucket_hook_future", "powersgd_factorization", "ring_allreduce", "ring_sends",
-           "plot_ring_trace", "plot_graph_states", "plot_timeline", "build_all"]
+           "plot_ring_trace", "plot_graph_states", "plot_timeline", "plot_alpha_beta_fit", "plot_busbw", "build_all"]
 
 COLORS = {"param": "#9ecae1", "grad": "#fdae6b", "avg": "#a1d99b", "box": "#f0f0f0", "hook": "#fdd0a2"}
 
@@ -248,6 +250,49 @@ def plot_timeline(outs: list[dict], kinds: tuple = ("naive", "bucket")):
                handler_map={tuple: HandlerTuple(ndivide=None, pad=0)}, fontsize=8, loc="lower center", ncol=2,
                frameon=False)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
+    return fig
+
+
+def plot_alpha_beta_fit(fits: dict):
+    """Each fit of ``time = alpha + n beta`` against the points it was fitted to: ``fits`` maps a label
+    to ``(sizes in bytes, times in seconds, (alpha_s, beta_s_per_byte))``. Left, the times and the
+    fitted lines (dashed), log-log; right, measured / fitted at each size, where a line that misses
+    shows (1 is a perfect fit)."""
+    fig, (ax, res) = plt.subplots(1, 2, figsize=(12, 4))
+    for (label, (sizes, times, (alpha, beta))), color in zip(fits.items(), ("C0", "C1", "C2", "C3")):
+        fitted = [alpha + n * beta for n in sizes]
+        ax.loglog(sizes, times, "o", color=color, label=f"{label}: measured")
+        ax.loglog(sizes, fitted, "--", color=color,
+                  label=f"fit: α = {alpha * 1e6:.0f} µs, 1/β = {1 / beta / 1e9:.2f} GB/s")
+        res.semilogx(sizes, [t / f for t, f in zip(times, fitted)], "o-", color=color, label=label)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("one-way time (s)")
+    ax.legend(fontsize=8)
+    res.axhline(1.0, color="k", lw=0.8)
+    res.set_xlabel("message size (bytes)")
+    res.set_ylabel("measured / fitted")
+    res.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_busbw(measured: dict, *modelled: dict):
+    """Bus bandwidth (GB/s, nccl-tests' busbw) against message size per rank, log x: ``measured`` maps
+    a label to ``(sizes, busbw)`` drawn as points joined by a line; each dict of ``modelled`` the same,
+    dashed, then dotted, the i-th curve of each in the colour of the i-th measured one. Small
+    messages are latency-bound (busbw grows with the size), large ones flat."""
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    for i, (label, (sizes, busbw)) in enumerate(measured.items()):
+        ax.semilogx(sizes, busbw, "o-", color=f"C{i}", label=f"{label}: measured")
+    for style, curves in zip(("--", ":", "-."), modelled):
+        for i, (label, (sizes, busbw)) in enumerate(curves.items()):
+            ax.semilogx(sizes, busbw, style, color=f"C{i}", label=label)
+    ax.set_xlabel("message size per rank (bytes)")
+    ax.set_ylabel("busbw (GB/s)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
     return fig
 
 
