@@ -32,7 +32,7 @@ from course_lib.utils import checks
 
 __all__ = ["ALGORITHMS", "alpha_beta_time", "fit_alpha_beta", "BUS_FACTORS", "bus_factor", "ring_all_reduce_time",
            "below_which", "ring_crossover_bytes", "fit_ring_all_reduce", "predict_step_time", "Interconnect",
-           "INTERCONNECTS", "collective_time", "fit_collective", "predict_compressed_step_time",
+           "INTERCONNECTS", "collective_time", "fit_collective", "fit_residuals", "predict_compressed_step_time",
            "break_even_bandwidth", "periodic_step_time", "break_even_period"]
 
 ALGORITHMS = ("naive_all_reduce", "tree_broadcast", "tree_reduce", "ring_all_reduce")
@@ -196,6 +196,15 @@ def fit_collective(rows: list[dict], op: str, world_size: int) -> tuple[float, f
     intercept, slope = fit_alpha_beta(*_sizes_and_times(rows))
     busbw = bus_factor("all_gather", world_size) / slope / 1e9 if slope > 0 else float("inf")
     return intercept / (world_size - 1), busbw
+
+
+def fit_residuals(rows: list[dict], op: str, world_size: int, alpha_s: float, busbw_GBps: float) -> list[float]:
+    """Measured / fitted time at each of ``rows`` (as :func:`fit_collective` takes them) for ``op`` on
+    the link ``(alpha_s, busbw_GBps)``: 1 where the line goes through a point, above 1 where the
+    measurement took longer. An all-gather's ``size_bytes`` is its whole buffer, p payloads."""
+    sizes, times = _sizes_and_times(rows)
+    per_rank = [n / world_size if op == "all_gather" else n for n in sizes]
+    return [t / collective_time(op, n, world_size, alpha_s, busbw_GBps) for n, t in zip(per_rank, times)]
 
 
 def predict_compressed_step_time(compute_s: float, codec_s: float, collectives, world_size: int,

@@ -113,6 +113,19 @@ def test_fit_collective_recovers_alpha_and_busbw(op, p):
     assert got_alpha == pytest.approx(alpha, rel=1e-6) and got_busbw == pytest.approx(busbw, rel=1e-6)
 
 
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather"])
+def test_fit_residuals_are_measured_over_the_line(op):
+    # rows written by hand from the formulas (not from collective_time): 3 ranks, alpha 50 us, 2 GB/s;
+    # an all-gather's size_bytes is the whole buffer, 3 payloads of n / 3
+    p, alpha, busbw = 3, 50e-6, 2.0
+    sizes = [3 * 2**12, 3 * 2**20, 3 * 2**24]
+    line = {"all_reduce": lambda n: 2 * (p - 1) * alpha + 2 * (p - 1) / p * n / (busbw * 1e9),
+            "all_gather": lambda n: (p - 1) * alpha + (p - 1) / p * n / (busbw * 1e9)}[op]
+    factors = [1.0, 1.5, 0.8]  # the second size took half as long again as the line, the third less
+    rows = [{"size_bytes": n, "time_s": f * line(n)} for n, f in zip(sizes, factors)]
+    assert cm.fit_residuals(rows, op, p, alpha, busbw) == pytest.approx(factors, rel=1e-9)
+
+
 def test_step_time_adds_compute_codec_and_unhidden_communication():
     links = {"all_reduce": (0.0, 1.0), "all_gather": (0.0, 1.0)}  # 1 GB/s, no latency
     t = cm.predict_compressed_step_time(0.010, 0.002, [("all_gather", 1e6)], 3, links)
