@@ -22,6 +22,10 @@ wrapper records a timeline of its last backward (``events``): when each gradient
 when each all-reduce started and ended. :func:`exposed_communication` reads from it how long the
 step waited for communication once backward was over; :func:`communication_time`, how long an
 all-reduce was in flight at all.
+
+Timings are read over several runs (each a ``spawn`` of :func:`step_times`): :func:`run_medians` gives
+one median per run, :func:`noise_floor` how far apart two configurations that do the same work land,
+and :func:`established_faster` ranks two wrappers only where the runs say so beyond that floor.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from course_lib.utils.digits import batch_slice, digits_tensors, mlp
 
 __all__ = ["DataParallelNaive", "DataParallelFlat", "DataParallelOverlap", "DataParallelBucket", "assign_buckets",
            "Event", "WRAPPERS", "exposed_communication", "communication_time", "waiting_for_peers", "step_times",
-           "communication_alone"]
+           "communication_alone", "run_medians", "noise_floor", "established_faster"]
 
 
 class Event(NamedTuple):
@@ -414,3 +418,30 @@ def communication_alone(rank: int, world_size: int, sequences: dict, fit_sizes: 
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         out["sequence"][name] = statistics.median(slowest.tolist())
     return out
+
+
+def run_medians(runs: list[list[dict]], kind: str, key: str = "step_s") -> list[float]:
+    """One number per run: the median of ``key`` (seconds) over the timed steps of every rank.
+
+    ``runs``: what several ``spawn(step_times, ...)`` returned, one list of its ranks' results each;
+    ``kind``: a wrapper as ``step_times`` names it (``"bucket:0.01"``)."""
+    if not runs:
+        raise ValueError("runs is empty: pass the results of one or more spawn(step_times, ...)")
+    return [statistics.median(v for out in run for v in out[kind][key]) for run in runs]
+
+
+def noise_floor(runs: list[list[dict]], kind: str, twin: str, key: str = "step_s") -> float:
+    """The largest gap, over runs, between the medians of ``kind`` and ``twin``: two names for the
+    same configuration (``"bucket"`` with ``bucket_cap_mb=1`` and ``"bucket:1"``), trained in the same
+    processes, taking turns. Two wrappers whose medians differ by no more than this differ by no more
+    than the same configuration does from itself."""
+    return max(abs(a - b) for a, b in zip(run_medians(runs, kind, key), run_medians(runs, twin, key)))
+
+
+def established_faster(a: list[float], b: list[float], floor: float) -> bool:
+    """Whether runs ``a`` (one median per run, as :func:`run_medians` gives) show a faster than ``b``:
+    every run of ``a`` below every run of ``b``, and the medians over runs further apart than the
+    noise ``floor``. Otherwise their order is not established by these runs."""
+    if not a or not b:
+        raise ValueError("a and b need one median per run each, got an empty list")
+    return max(a) < min(b) and statistics.median(b) - statistics.median(a) > floor

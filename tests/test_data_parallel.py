@@ -112,6 +112,26 @@ def test_step_times_measures_what_each_wrapper_exposes():
         assert out["ddp:0.001"]["exposed_s"] == []  # torch's DDP keeps no timeline
 
 
+def _runs(per_run: list[dict]) -> list[list[dict]]:
+    # runs as spawn(step_times) returns them, 2 ranks each: {kind: step times of rank 0, of rank 1}
+    return [[{kind: {"step_s": times[0]} for kind, times in run.items()},
+             {kind: {"step_s": times[1]} for kind, times in run.items()}] for run in per_run]
+
+
+def test_run_medians_noise_floor_and_ranking_read_every_run():
+    runs = _runs([{"a": ([1, 2, 9], [3, 4, 5]), "twin": ([1, 2, 3], [4, 5, 6]), "b": ([8, 8, 8], [9, 9, 9])},
+                  {"a": ([2, 2, 2], [2, 2, 2]), "twin": ([3, 3, 3], [3, 3, 3]), "b": ([5, 6, 7], [7, 7, 9])}])
+    # the median over both ranks' 6 steps of each run: (3 + 4) / 2 for a's first run, not a mean (4) or rank 0's (2)
+    assert data_parallel.run_medians(runs, "a") == [3.5, 2]
+    assert data_parallel.run_medians(runs, "b") == [8.5, 7]
+    assert data_parallel.noise_floor(runs, "a", "twin") == 1.0  # |3.5 - 3.5| in run 1, |2 - 3| in run 2
+    assert data_parallel.established_faster([3.5, 2], [8.5, 7], floor=1.0)
+    assert not data_parallel.established_faster([8.5, 7], [3.5, 2], floor=1.0)  # the other way round
+    assert not data_parallel.established_faster([3.5, 2], [4.0, 3.0], floor=0.1)  # runs overlap: 3.5 > 3.0
+    assert not data_parallel.established_faster([1.0, 1.1], [1.5, 1.6], floor=0.5)  # apart, but by the floor
+    assert data_parallel.established_faster([1.0, 1.1], [1.5, 1.6], floor=0.4)
+
+
 def test_assign_buckets_closes_a_bucket_once_it_reaches_the_cap():
     assert data_parallel.assign_buckets([4, 4, 4, 4], 8) == [[0, 1], [2, 3]]
     assert data_parallel.assign_buckets([10, 1, 1, 1], 8) == [[0], [1, 2, 3]]
