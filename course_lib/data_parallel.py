@@ -431,17 +431,18 @@ def run_medians(runs: list[list[dict]], kind: str, key: str = "step_s") -> list[
 
 
 def noise_floor(runs: list[list[dict]], kind: str, twin: str, key: str = "step_s") -> float:
-    """The largest gap, over runs, between the medians of ``kind`` and ``twin``: two names for the
-    same configuration (``"bucket"`` with ``bucket_cap_mb=1`` and ``"bucket:1"``), trained in the same
-    processes, taking turns. Two wrappers whose medians differ by no more than this differ by no more
-    than the same configuration does from itself."""
-    return max(abs(a - b) for a, b in zip(run_medians(runs, kind, key), run_medians(runs, twin, key)))
+    """The largest relative gap, over runs, between the medians of ``kind`` and ``twin``: two names for
+    the same configuration (``"bucket"`` with ``bucket_cap_mb=1`` and ``"bucket:1"``), trained in the
+    same processes, taking turns. A fraction (0.1: 10%). Two wrappers of one run whose medians differ
+    by no more than this differ by no more than the same configuration did from itself. It measures
+    the noise within a run (both see the same load), not from run to run."""
+    return max(abs(a / b - 1) for a, b in zip(run_medians(runs, kind, key), run_medians(runs, twin, key)))
 
 
 def established_faster(a: list[float], b: list[float], floor: float) -> bool:
-    """Whether runs ``a`` (one median per run, as :func:`run_medians` gives) show a faster than ``b``:
-    every run of ``a`` below every run of ``b``, and the medians over runs further apart than the
-    noise ``floor``. Otherwise their order is not established by these runs."""
-    if not a or not b:
-        raise ValueError("a and b need one median per run each, got an empty list")
-    return max(a) < min(b) and statistics.median(b) - statistics.median(a) > floor
+    """Whether runs ``a`` and ``b`` (one median per run, the same runs in the same order, as
+    :func:`run_medians` gives them) show a faster than b: in every run, b's median above a's by more
+    than the relative noise ``floor`` (:func:`noise_floor`). Otherwise these runs do not establish it."""
+    if not a or len(a) != len(b):
+        raise ValueError(f"a and b need one median per run each, from the same runs: got {len(a)} and {len(b)}")
+    return all(y > x * (1 + floor) for x, y in zip(a, b))
