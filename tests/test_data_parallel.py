@@ -124,10 +124,12 @@ def test_run_medians_noise_floor_and_ranking_read_every_run():
     # the median over both ranks' 6 steps of each run: (3 + 4) / 2 for a's first run, not a mean (4) or rank 0's (2)
     assert data_parallel.run_medians(runs, "a") == [3.5, 2]
     assert data_parallel.run_medians(runs, "b") == [8.5, 7]
-    # relative gaps to the twin: 3.5 / 3.5 - 1 = 0 in run 1, |2 / 3 - 1| = 1/3 in run 2
-    assert data_parallel.noise_floor(runs, "a", "twin") == pytest.approx(1 / 3)
-    assert data_parallel.established_faster([3.5, 2], [8.5, 7], floor=1 / 3)
-    assert not data_parallel.established_faster([8.5, 7], [3.5, 2], floor=1 / 3)  # the other way round
+    # the slower over the faster, less 1: 0 in run 1, 3 / 2 - 1 = 0.5 in run 2 (not |2 / 3 - 1| = 1/3: the
+    # rule compares the slower with the faster too)
+    assert data_parallel.noise_floor(runs, "a", "twin") == pytest.approx(0.5)
+    assert data_parallel.noise_floor(runs, "twin", "a") == pytest.approx(0.5)
+    assert data_parallel.established_faster([3.5, 2], [8.5, 7], floor=0.5)
+    assert not data_parallel.established_faster([8.5, 7], [3.5, 2], floor=0.5)  # the other way round
     # run by run, not range against range: b is slower in each run, though the ranges overlap
     assert data_parallel.established_faster([1.0, 3.0], [2.0, 4.0], floor=0.2)
     assert not data_parallel.established_faster([1.0, 3.0], [2.0, 3.3], floor=0.2)  # run 2: 10% apart, floor 20%
