@@ -433,9 +433,10 @@ def run_medians(runs: list[list[dict]], kind: str, key: str = "step_s") -> list[
 def noise_floor(runs: list[list[dict]], kind: str, twin: str, key: str = "step_s") -> float:
     """The largest relative gap, over runs, between the medians of ``kind`` and ``twin``: two names for
     the same configuration (``"bucket"`` with ``bucket_cap_mb=1`` and ``"bucket:1"``), trained in the
-    same processes, taking turns: the slower of the two over the faster, less 1 (0.1: 10%). Two wrappers of one run whose medians differ
-    by no more than this differ by no more than the same configuration did from itself. It measures
-    the noise within a run (both see the same load), not from run to run."""
+    same processes, taking turns: the slower of the two over the faster, less 1 (0.1: 10%). Two
+    wrappers of one run whose medians differ by no more than this differ by no more than the same
+    configuration did from itself. It measures the noise within a run (both see the same load), not
+    from run to run."""
     # the slower over the faster, as established_faster compares two wrappers
     return max(max(a, b) / min(a, b) - 1 for a, b in zip(run_medians(runs, kind, key), run_medians(runs, twin, key)))
 
