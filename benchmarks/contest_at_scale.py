@@ -25,7 +25,8 @@ reported seed, and the bytes each worker sent per step (exact; ``by_op``: collec
 step by collective, all-reduce or all-gather, averaged over the run). Work done so far is kept in
 ``contest_at_scale.p<p>.<split>.partial.json`` beside it, so an interrupted run goes on where it stopped (and
 world sizes, or the two splits of one, can run in separate processes at once: ``--split iid`` and
-``--split non-iid``).
+``--split non-iid``; a second process on the same split with ``--from-end`` takes the methods last
+first, and each skips what the other has written).
 
     .venv/bin/python benchmarks/contest_at_scale.py 2 8     # a few minutes each on 2 cores
     .venv/bin/python benchmarks/contest_at_scale.py 64      # hours: every rank of 64 computes in one process
@@ -150,23 +151,33 @@ def partial_file(world_size: int, split: str) -> Path:
     return RESULTS.with_name(f"contest_at_scale.p{world_size}.{split}.partial.json")
 
 
-def run(world_size: int, split: str) -> dict:
-    """Every method at one world size on one split, resuming from its partial file; the cells by method."""
-    p, path = world_size, partial_file(world_size, split)
+def _load_partial(path: Path) -> dict:
     partial = json.loads(path.read_text()) if path.exists() else {}
-    if partial.get("settings") != settings():
-        partial = {"settings": settings(), "cells": {}}
-    for name in METHODS:
+    return partial if partial.get("settings") == settings() else {"settings": settings(), "cells": {}}
+
+
+def run(world_size: int, split: str, from_end: bool = False) -> dict:
+    """Every method at one world size on one split, resuming from its partial file; the cells by method.
+
+    The file is read again before each cell and before each write, so two processes can share a split,
+    one from each end of the list (``from_end``): each skips what the other has finished and adds its
+    own cells to the file without dropping the other's."""
+    p, path = world_size, partial_file(world_size, split)
+    for name in (list(METHODS)[::-1] if from_end else METHODS):
         cell_key = f"{p} {split} {name}"
-        if cell_key in partial["cells"]:
+        if cell_key in _load_partial(path)["cells"]:
             continue
         start = time.perf_counter()
         cell = run_cell(p, split, name)
         cell["seconds"] = round(time.perf_counter() - start, 1)
+        partial = _load_partial(path)  # what the other process may have added meanwhile
         partial["cells"][cell_key] = cell
-        path.write_text(json.dumps(partial, indent=1) + "\n")
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(partial, indent=1) + "\n")
+        tmp.replace(path)
         print(f"p={p:3d} {split:8s} {name:22s} {describe(cell)}  ({cell['seconds']:.0f} s)", flush=True)
-    return {name: partial["cells"][f"{p} {split} {name}"] for name in METHODS}
+    cells = _load_partial(path)["cells"]
+    return {name: cells[f"{p} {split} {name}"] for name in METHODS}
 
 
 def finished(world_size: int, split: str) -> dict | None:
@@ -179,9 +190,9 @@ def finished(world_size: int, split: str) -> dict | None:
     return {name: partial["cells"][k] for name, k in zip(METHODS, keys)}
 
 
-def main(world_sizes, splits=tuple(SPLITS)) -> dict:
+def main(world_sizes, splits=tuple(SPLITS), from_end: bool = False) -> dict:
     """Runs the given splits; writes a world size into the results once both of its splits are done."""
-    cells = {p: {split: run(p, split) for split in splits} for p in world_sizes}
+    cells = {p: {split: run(p, split, from_end) for split in splits} for p in world_sizes}
     out = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     if out.get("settings") != settings():
         out = {"settings": settings(), "world_sizes": {}}
@@ -213,9 +224,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("world_sizes", type=int, nargs="*", default=list(WORLD_SIZES))
     parser.add_argument("--split", choices=list(SPLITS), help="only this split (the other can run beside it)")
+    parser.add_argument("--from-end", action="store_true",
+                        help="take the methods last first: a second process on the same split meets the first")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    result = main(args.world_sizes, (args.split,) if args.split else tuple(SPLITS))
+    result = main(args.world_sizes, (args.split,) if args.split else tuple(SPLITS), args.from_end)
     print_table(result)
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=1) + "\n")

@@ -63,3 +63,30 @@ def test_one_run_reproduces_its_committed_row():
     out = simulate(train_several, 2, [config])[0][0]
     assert abs(bench.accuracy(out, "test") - cell["test"][0]) < 2.0, (bench.accuracy(out, "test"), cell["test"][0])
     assert out.bytes[-1] / config.steps == pytest.approx(cell["bytes_per_step"], abs=0.1)
+
+
+def test_two_processes_share_a_split_from_both_ends(tmp_path, monkeypatch):
+    # run() with run_cell replaced by a stub: the cells already in the file are skipped, --from-end takes
+    # the rest last first, and a cell another process writes while this one trains stays in the file
+    bench = _benchmark()
+    names = list(bench.METHODS)
+    path = tmp_path / "partial.json"
+    monkeypatch.setattr(bench, "partial_file", lambda p, split: path)
+    path.write_text(json.dumps({"settings": bench.settings(),
+                                "cells": {f"64 iid {names[0]}": {"chosen": None, "by": "before"}}}))
+    trained = []
+
+    def fake_cell(p, split, name):
+        trained.append(name)
+        if len(trained) == 1:  # meanwhile, "the other process" finishes names[1]
+            other = json.loads(path.read_text())
+            other["cells"][f"64 iid {names[1]}"] = {"chosen": None, "by": "other"}
+            path.write_text(json.dumps(other))
+        return {"chosen": None, "by": "this"}
+
+    monkeypatch.setattr(bench, "run_cell", fake_cell)
+    cells = bench.run(64, "iid", from_end=True)
+    assert trained == names[:1:-1]  # last first, neither the cell from before nor the other's
+    assert list(cells) == names
+    assert cells[names[0]]["by"] == "before" and cells[names[1]]["by"] == "other"
+    assert all(cells[n]["by"] == "this" for n in names[2:])
