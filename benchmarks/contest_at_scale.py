@@ -30,6 +30,7 @@ first, and each skips what the other has written).
 
     .venv/bin/python benchmarks/contest_at_scale.py 2 8     # a few minutes each on 2 cores
     .venv/bin/python benchmarks/contest_at_scale.py 64      # hours: every rank of 64 computes in one process
+    .venv/bin/python benchmarks/contest_at_scale.py 2 8 --rerun "DGC 0.1%"   # one method again, after a fix
 """
 
 import argparse
@@ -78,8 +79,9 @@ METHODS = {
     "batched PowerSGD r=2": ("the whole bucket as one square matrix, error feedback, warm start, from step 10",
                              {"hook": "batched_powersgd", "matrix_approximation_rank": 2, "start_powerSGD_iter": 10},
                              GRID),
-    "DGC 0.1%": ("top-k 0.1% + momentum correction in the hook (its momentum swept), masking, clipping 1.0, "
-                 "warm-up 40 steps", {"hook": "dgc", "ratio": 0.001, "clip_norm": 1.0, "warmup_steps": 40}, GRID),
+    "DGC 0.1%": ("top-k 0.1% + momentum correction in the hook (its momentum swept), masking, clipping 1.0 "
+                 "(of the averaged gradient: each worker's at 1.0 x sqrt(p), the paper's rule), warm-up 40 steps",
+                 {"hook": "dgc", "ratio": 0.001, "clip_norm": 1.0, "warmup_steps": 40}, GRID),
 }
 
 
@@ -156,6 +158,25 @@ def _load_partial(path: Path) -> dict:
     return partial if partial.get("settings") == settings() else {"settings": settings(), "cells": {}}
 
 
+def prepare_rerun(world_size: int, split: str, names) -> None:
+    """Before running ``names`` again at one p and split (after a change to their code): the partial
+    file keeps every other method's cell, or takes it from the results file, and loses those of
+    ``names``; the other cells must have been made with this script's settings for their methods.
+    One process per split (a second one's fresh cells would be dropped)."""
+    def others(s: dict) -> dict:  # the settings, the rerun methods left out
+        return {**s, "methods": {k: v for k, v in s["methods"].items() if k not in names}}
+    path, cells = partial_file(world_size, split), {}
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    if results and others(results["settings"]) == others(settings()) and str(world_size) in results["world_sizes"]:
+        cells = {f"{world_size} {split} {name}": cell
+                 for name, cell in results["world_sizes"][str(world_size)][split].items()}
+    partial = json.loads(path.read_text()) if path.exists() else {}
+    if partial and others(partial["settings"]) == others(settings()):
+        cells.update(partial["cells"])
+    kept = {k: cell for k, cell in cells.items() if k.split(" ", 2)[2] not in names}
+    path.write_text(json.dumps({"settings": settings(), "cells": kept}, indent=1) + "\n")
+
+
 def run(world_size: int, split: str, from_end: bool = False) -> dict:
     """Every method at one world size on one split, resuming from its partial file; the cells by method.
 
@@ -226,8 +247,13 @@ if __name__ == "__main__":
     parser.add_argument("--split", choices=list(SPLITS), help="only this split (the other can run beside it)")
     parser.add_argument("--from-end", action="store_true",
                         help="take the methods last first: a second process on the same split meets the first")
+    parser.add_argument("--rerun", action="append", choices=list(METHODS), default=[], metavar="METHOD",
+                        help="run this method's cells again (after a change to its code), keeping the others'")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    for p in args.world_sizes if args.rerun else ():
+        for split in (args.split,) if args.split else SPLITS:
+            prepare_rerun(p, split, args.rerun)
     result = main(args.world_sizes, (args.split,) if args.split else tuple(SPLITS), args.from_end)
     print_table(result)
     RESULTS.parent.mkdir(exist_ok=True)

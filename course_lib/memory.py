@@ -169,8 +169,12 @@ class DGCMemory(_Memory):
 
     so that what is eventually sent is the momentum SGD update (train with the optimizer's
     ``momentum=0``). Two more pieces: **local gradient clipping** scales g so that its norm is at
-    most ``clip_norm / sqrt(world_size)`` before it is added (the bucket's norm: the whole model when
-    it fits one bucket); **momentum-factor masking** zeroes u where an entry was sent, so that a
+    most ``clip_norm * sqrt(world_size)`` before it is added (the bucket's norm: the whole model when
+    it fits one bucket). ``clip_norm`` is the norm one would clip the *averaged* gradient at. The
+    paper's rule (Section 3.2, Appendix D) scales that threshold by N^(-1/2) for a worker's share of
+    the sum, g / N in its Algorithm 1, since the sum of N independent shares has about sqrt(N) times
+    the norm of one; on the worker's mean gradient g, N times its share, the same limit is
+    ``clip_norm * sqrt(N)``. **Momentum-factor masking** zeroes u where an entry was sent, so that a
     stale velocity does not keep pushing an entry that has just been applied. ``momentum=0`` without
     clipping and masking is plain error feedback.
     """
@@ -192,7 +196,7 @@ class DGCMemory(_Memory):
         g = tensor.flatten()
         if self.clip_norm is not None:
             world_size = self.world_size if self.world_size is not None else dist.get_world_size()
-            limit, norm = self.clip_norm / math.sqrt(world_size), g.norm()
+            limit, norm = self.clip_norm * math.sqrt(world_size), g.norm()  # g: the mean, not g / N
             g = g * (limit / norm) if norm > limit else g
         u = self._get(self.velocity, key, g.numel())
         u = g.clone() if u is None else self.momentum * u + g

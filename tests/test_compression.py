@@ -338,7 +338,9 @@ def _dgc_reference(world_size, steps, lr, density, momentum, clip_norm, masking,
             grads = torch.autograd.grad((net(x) - y).square().mean(), params)
             g = torch.cat([t.flatten() for t in grads])
             if clip_norm is not None:
-                g = g * min(1.0, clip_norm / world_size**0.5 / g.norm().item())
+                # the paper clips a worker's share g / N at clip_norm / sqrt(N): g itself at clip_norm * sqrt(N)
+                share = g / world_size
+                g = world_size * share * min(1.0, clip_norm / world_size**0.5 / share.norm().item())
             u[r] = momentum * u[r] + g
             v[r] = v[r] + u[r]
             chosen = torch.sort(v[r].abs(), descending=True).indices[:k]

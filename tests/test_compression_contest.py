@@ -89,3 +89,20 @@ def test_time_to_accuracy_break_even_against_a_direct_formula():
     # twice the steps: 2 (2e-3 + 1e5/B) = 1e-3 + 1e6/B  ->  B = 8e5 / 3e-3 bytes/s
     assert costmodel.break_even_bandwidth(method, reference, 2, 0.0, 2.0, 1.0) == pytest.approx(8e5 / 3e-3 / 1e9,
                                                                                                  rel=1e-6)
+
+
+def test_a_rerun_replaces_only_its_own_rows():
+    bench = _benchmark()
+    committed = {"base": {"hidden": 256}, "machine": {"processor": "before"},
+                 "methods": {name: {"by": "before"} for name in bench.METHODS}}
+    rerun = {"base": {"hidden": 256}, "machine": {"processor": "after"}, "methods": {"DGC 0.1%": {"by": "rerun"}}}
+    out = bench.merge(committed, rerun)
+    assert list(out["methods"]) == list(bench.METHODS)
+    assert [row["by"] for row in out["methods"].values()].count("rerun") == 1
+    assert out["methods"]["DGC 0.1%"]["by"] == "rerun" and out["machine"]["processor"] == "before"
+    assert out["machine"]["rerun"]["DGC 0.1%"]["processor"] == "after"
+    assert committed["methods"]["DGC 0.1%"]["by"] == "before"  # the committed table itself is left as it was
+    with pytest.raises(ValueError, match="base configuration"):
+        bench.merge(committed, {**rerun, "base": {"hidden": 64}})
+    with pytest.raises(ValueError, match="cannot merge"):
+        bench.merge(committed, {**rerun, "methods": {"a method of another script": {}}})

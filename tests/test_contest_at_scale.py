@@ -90,3 +90,30 @@ def test_two_processes_share_a_split_from_both_ends(tmp_path, monkeypatch):
     assert list(cells) == names
     assert cells[names[0]]["by"] == "before" and cells[names[1]]["by"] == "other"
     assert all(cells[n]["by"] == "this" for n in names[2:])
+
+
+def test_a_rerun_keeps_the_other_methods_cells_and_runs_only_its_own(tmp_path, monkeypatch):
+    # after a change to one method's code: its cells go, every other cell comes from the results file
+    # (whose settings may differ only in that method's), and run() trains that method alone
+    bench = _benchmark()
+    names = list(bench.METHODS)
+    partial, results = tmp_path / "partial.json", tmp_path / "results.json"
+    monkeypatch.setattr(bench, "partial_file", lambda p, split: partial)
+    monkeypatch.setattr(bench, "RESULTS", results)
+    old = bench.settings()
+    old["methods"][names[-1]] = {**old["methods"][names[-1]], "variant": "before the fix"}
+    results.write_text(json.dumps({"settings": old, "world_sizes": {
+        "8": {split: {n: {"chosen": None, "by": "results"} for n in names} for split in bench.SPLITS}}}))
+    bench.prepare_rerun(8, "iid", [names[-1]])
+    trained = []
+    monkeypatch.setattr(bench, "run_cell",
+                        lambda p, split, name: trained.append(name) or {"chosen": None, "by": "rerun"})
+    cells = bench.run(8, "iid")
+    assert trained == [names[-1]]
+    assert [c["by"] for c in cells.values()] == ["results"] * (len(names) - 1) + ["rerun"]
+    # a results file made with other settings for another method gives nothing: every method would run
+    old["methods"][names[0]] = {**old["methods"][names[0]], "variant": "another"}
+    results.write_text(json.dumps({"settings": old, "world_sizes": {"8": {"iid": {n: {} for n in names}}}}))
+    partial.unlink()
+    bench.prepare_rerun(8, "iid", [names[-1]])
+    assert json.loads(partial.read_text())["cells"] == {}
