@@ -33,13 +33,17 @@ def paired(a, b) -> tuple[float, float]:
     return statistics.mean(d), statistics.stdev(d) / math.sqrt(len(d))
 
 
-def verdict(gap: float, se: float, limit: float) -> str:
+def verdict(gap: float, se: float, limit: float, signed: bool = False) -> str:
     """``"within"`` if |gap| lies two standard errors or more below ``limit``, ``"beyond"`` if two or
-    more above it, else ``"undecided"``. With ``limit=0``, ``"beyond"`` says the two differ."""
+    more above it, else ``"undecided"``. With ``limit=0``, ``"beyond"`` says the two differ.
+
+    ``signed=True`` asks about one direction only, the gap itself rather than its size (e.g. "at most
+    2 points behind", with the gap counted as points behind): a gap far on the other side is "within"."""
     if not (se >= 0 and limit >= 0):
         raise ValueError(f"se and limit are >= 0; got se={se!r}, limit={limit!r}")
-    if abs(gap) < limit - 2 * se:
+    size = gap if signed else abs(gap)
+    if size < limit - 2 * se:
         return WITHIN
-    if abs(gap) > limit + 2 * se:
+    if size > limit + 2 * se:
         return BEYOND
     return UNDECIDED

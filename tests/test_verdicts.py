@@ -51,3 +51,11 @@ def test_paired_differences_cancel_what_the_seeds_share():
     assert V.verdict(gap, se, 0) == V.BEYOND and V.verdict(gap, unpaired, 0) == V.UNDECIDED
     with pytest.raises(ValueError, match="same length"):
         V.paired([1.0, 2.0], [1.0])
+
+
+def test_a_signed_verdict_asks_about_one_direction():
+    # "at most 2 points behind": 0.1 ahead with a standard error of 1 is decided, though |gap| < 2 is not
+    assert V.verdict(-0.1, 1.0, 2, signed=True) == V.WITHIN and V.verdict(-0.1, 1.0, 2) == V.UNDECIDED
+    assert V.verdict(-5.0, 0.5, 2, signed=True) == V.WITHIN and V.verdict(-5.0, 0.5, 2) == V.BEYOND
+    assert V.verdict(3.5, 0.5, 2, signed=True) == V.BEYOND
+    assert V.verdict(2.5, 0.5, 2, signed=True) == V.UNDECIDED
