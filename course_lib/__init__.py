@@ -29,6 +29,8 @@ What a student learns, in the order the notebooks use it:
 * ``train`` (03, 04, 07, 08, 09, 12): data-parallel training on the digits, in notebooks and under
   ``torchrun``: ``TrainConfig`` in (its fields in groups), the training loop step by step (batch,
   zero_grad, forward and loss, backward, step, record), ``TrainResult`` out;
+* ``verdicts`` (06, 10, 11): telling two methods apart over a few seeds: the gap between their
+  means, its standard error, and a verdict given only two standard errors from its line;
 * ``simulated`` (for many workers): the same workers as ``launch.spawn`` runs, each rank a thread
   of one process over an in-process group, so that p can reach 64 on a laptop; equal to real gloo
   processes (``tests/test_simulated.py``).
