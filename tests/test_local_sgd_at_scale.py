@@ -1,6 +1,6 @@
 """The committed local-SGD bench (benchmarks/local_sgd_at_scale.json): made with the script's settings,
-each chosen setting the best of its sweep on the validation split, post-local SGD swept around local
-SGD's choice, the reported numbers their seeds' mean, and one run reproduces its row."""
+each chosen setting the best of its sweep on the validation split, post-local SGD swept over the SGD
+grid and the switch, the reported numbers their seeds' mean, and one run reproduces its row."""
 
 import dataclasses
 import json
@@ -32,7 +32,7 @@ def test_each_chosen_setting_is_the_validation_best_and_the_test_its_fresh_seeds
     for split, cells in RESULTS["splits"].items():
         for (name, fields, settings), cell in zip(bench.cells_to_run(), cells.values()):
             where = f"{split} {name}"
-            if settings is None:  # post-local SGD: local SGD's choice at this period, at each switch
+            if settings is None:  # post-local SGD: the SGD grid crossed with the switch
                 settings = bench.post_local_settings(cells, fields["period"])
             assert cell["config"] == fields, where
             assert [row["setting"] for row in cell["sweep"].values()] == json.loads(json.dumps(settings)), where
