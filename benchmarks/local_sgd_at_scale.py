@@ -32,7 +32,7 @@ setting, the test accuracy of each reported seed and the bytes each worker hands
 step. Work done so far is kept in ``local_sgd_at_scale.<split>.partial.json`` beside it, so an
 interrupted run goes on where it stopped, and the two splits can run at once in two processes.
 
-    .venv/bin/python benchmarks/local_sgd_at_scale.py --split iid        # about 16 minutes on one core
+    .venv/bin/python benchmarks/local_sgd_at_scale.py --split iid        # about 25 minutes on one core
     .venv/bin/python benchmarks/local_sgd_at_scale.py --split non-iid
 """
 
