@@ -62,7 +62,7 @@ ADAMW = [{"optimizer": "adamw", "lr": lr} for lr in (1e-3, 3e-3, 1e-2)]
 OUTER_LRS = (0.3, 0.7, 1.0)
 SWITCHES = (BASE.steps // 8, BASE.steps // 4, BASE.steps // 2)
 
-# name: (variant, the fields that differ from BASE, the settings swept; None: post-local SGD's switches)
+# name: (variant, the fields that differ from BASE, the settings swept)
 EVERY_STEP = {
     "no communication": ("each worker alone (the noop hook), SGD", {"hook": "noop"}, SGD),
     "DDP": ("the gradients' fp32 all-reduce every step, SGD", {}, SGD),
@@ -71,7 +71,7 @@ EVERY_STEP = {
 PERIODIC = {
     "local SGD": ("SGD on each worker, the parameters averaged every H steps", {"averaging": "local"}, SGD),
     "post-local SGD": ("DDP until the switch, then local SGD (the SGD grid crossed with the switch)",
-                       {"averaging": "local"}, None),
+                       {"averaging": "local"}, [{**s, "local_sgd_start": switch} for s in SGD for switch in SWITCHES]),
     "DiLoCo": ("AdamW inside; every H steps, Nesterov (momentum 0.9) on the mean pseudo-gradient",
                {"averaging": "diloco", "outer_momentum": 0.9},
                [{**inner, "outer_lr": outer} for inner in ADAMW for outer in OUTER_LRS]),
@@ -109,18 +109,12 @@ def run_cell(split: str, fields: dict, settings: list[dict]) -> dict:
 
 
 def cells_to_run():
-    """(cell key, fields, settings or None) in the order they run: a post-local cell after local SGD's."""
+    """(cell key, fields, settings) in the order they run."""
     for name, (_, fields, settings) in EVERY_STEP.items():
         yield name, fields, settings
     for period in PERIODS:
         for name, (_, fields, settings) in PERIODIC.items():
             yield f"{name}, H={period}", {**fields, "period": period}, settings
-
-
-def post_local_settings(cells: dict, period: int) -> list[dict]:
-    """Post-local SGD's sweep: every setting of the SGD grid, with each switch point (``cells`` and
-    ``period`` are not needed: kept so that every cell's sweep is asked for the same way)."""
-    return [{**s, "local_sgd_start": switch} for s in SGD for switch in SWITCHES]
 
 
 def settings() -> dict:
@@ -148,8 +142,7 @@ def run(split: str) -> dict:
         if name in partial["cells"]:
             continue
         start = time.perf_counter()
-        cell = run_cell(split, fields, sweep if sweep is not None
-                        else post_local_settings(partial["cells"], fields["period"]))
+        cell = run_cell(split, fields, sweep)
         cell["seconds"] = round(time.perf_counter() - start, 1)
         partial["cells"][name] = cell
         path.write_text(json.dumps(partial, indent=1) + "\n")

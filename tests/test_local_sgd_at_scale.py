@@ -32,8 +32,6 @@ def test_each_chosen_setting_is_the_validation_best_and_the_test_its_fresh_seeds
     for split, cells in RESULTS["splits"].items():
         for (name, fields, settings), cell in zip(bench.cells_to_run(), cells.values()):
             where = f"{split} {name}"
-            if settings is None:  # post-local SGD: the SGD grid crossed with the switch
-                settings = bench.post_local_settings(cells, fields["period"])
             assert cell["config"] == fields, where
             assert [row["setting"] for row in cell["sweep"].values()] == json.loads(json.dumps(settings)), where
             assert all(len(row["validation"]) == len(bench.CHOOSE_SEEDS) for row in cell["sweep"].values()), where
